@@ -1,0 +1,1 @@
+"""Command-line commands, one module each (see parallax_nb/__main__.py)."""

@@ -1,0 +1,53 @@
+"""Small file helpers: atomic writes (write to a temporary file, then rename) and JSON loading
+with errors that name the file and the problem."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+from .errors import ParallaxError
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def load_json(path_or_text: str, what: str = "file") -> dict:
+    """Parse JSON from a path, or from text when the argument starts with ``{``."""
+    text = path_or_text
+    source = "text"
+    if not str(path_or_text).lstrip().startswith("{"):
+        source = str(path_or_text)
+        try:
+            with open(path_or_text, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise ParallaxError(f"{what} file not found: {path_or_text}") from None
+        except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+            raise ParallaxError(f"cannot read {what} file {path_or_text}: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ParallaxError(f"{what} {source} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
+                            hint="the file may be truncated or corrupted; regenerate it") from None

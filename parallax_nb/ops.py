@@ -1,0 +1,55 @@
+"""The one lookup through which sparse (row-gathered) variables are read.
+
+On one device :func:`embedding_lookup` is ``tf.gather``, whose gradient is a
+``tf.IndexedSlices``: that is what the profiler calls *sparse*. On MPI engines the runtime
+installs a router (:func:`route_lookups`) that serves the lookups of parameter-server
+variables from their row shards through ``alltoall`` instead. Keras ``Embedding`` layers are
+pointed at this function when the runtime rebuilds a model, and layers that gather rows
+themselves (the LM's sampled softmax) call it directly, so "sparse" in the profile and
+"PS-capable" in the runtime mean the same set of variables.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator, Protocol
+
+import tensorflow as tf
+
+
+class LookupRouter(Protocol):
+    def lookup(self, params, ids: tf.Tensor) -> "tf.Tensor | None":
+        """Rows ``ids`` of ``params``, or None to fall back to a local ``tf.gather``."""
+
+
+_state = threading.local()
+
+
+def variable_path(params) -> str:
+    """The stable name of a Keras or TensorFlow variable (Keras 3 ``path``, else ``name``)."""
+    path = getattr(params, "path", None)
+    if path:
+        return path
+    return getattr(params, "name", "").split(":")[0]
+
+
+def embedding_lookup(params, ids) -> tf.Tensor:
+    """Gather rows ``ids`` (any shape, integer) of ``params`` (rows x ...)."""
+    router = getattr(_state, "router", None)
+    if router is not None:
+        rows = router.lookup(params, ids)
+        if rows is not None:
+            return rows
+    value = getattr(params, "value", params)
+    return tf.gather(value, ids)
+
+
+@contextlib.contextmanager
+def route_lookups(router: LookupRouter) -> Iterator[None]:
+    """Serve :func:`embedding_lookup` calls in this thread from ``router`` while active."""
+    previous = getattr(_state, "router", None)
+    _state.router = router
+    try:
+        yield
+    finally:
+        _state.router = previous

@@ -1,0 +1,366 @@
+"""Value types shared by every room of parallax_nb, defined once.
+
+Pure Python: no TensorFlow, no widgets. Units are in the names (``size_bytes``,
+``bandwidth_bps`` in bits per second, ``step_time_s``). DataFrames and JSON are views of
+these objects, never the source of truth.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable
+
+from .errors import ConfigError, ProfileError
+
+PROFILE_SCHEMA_VERSION = 1
+MAX_LOCAL_WORKERS = 8  # G = 1..8 workers per machine are profiled for local aggregation
+
+
+class Kind(str, enum.Enum):
+    """How a variable's gradient looks: ``sparse`` when it is a ``tf.IndexedSlices``."""
+
+    DENSE = "dense"
+    SPARSE = "sparse"
+
+
+class Method(str, enum.Enum):
+    """How one variable is synchronised: AllReduce or Parameter Server."""
+
+    AR = "ar"
+    PS = "ps"
+
+
+class Architecture(str, enum.Enum):
+    """A whole-model choice of methods.
+
+    AR: every variable AllReduce. PS: every variable on parameter servers. HYBRID: AR for
+    dense variables, PS for sparse ones (Parallax's default). AUTO: per variable, whichever
+    the cost model says moves fewer bytes.
+    """
+
+    AR = "ar"
+    PS = "ps"
+    HYBRID = "hybrid"
+    AUTO = "auto"
+
+    @classmethod
+    def parse(cls, value: "str | Architecture") -> "Architecture":
+        if isinstance(value, Architecture):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            raise ConfigError(
+                f"unknown architecture {value!r}",
+                hint="choose one of: " + ", ".join(a.value for a in cls),
+            ) from None
+
+
+def _enum_value(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+@dataclass(frozen=True)
+class VariableProfile:
+    """What one trainable variable costs, measured over k single-device steps.
+
+    ``rows`` is the first dimension (1 for a scalar); a step touches ``rows_touched_mean``
+    unique rows on average (all rows for a dense variable). ``alpha_*`` = touched rows /
+    rows, summarised over the steps. ``union_rows_by_workers[G-1]`` is the mean number of
+    unique rows touched by G consecutive batches: what a machine of G workers sends after
+    local aggregation (G = 1..8). ``grad_bytes_per_step`` is what one worker's gradient
+    occupies: values plus int64 indices for a sparse variable, the whole tensor for a dense one.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    size_bytes: int
+    kind: Kind
+    rows_touched_mean: float
+    alpha_mean: float
+    alpha_p50: float
+    alpha_p95: float
+    alpha_max: float
+    grad_bytes_per_step: float
+    union_rows_by_workers: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "kind", Kind(_enum_value(self.kind)))
+        object.__setattr__(self, "union_rows_by_workers", tuple(float(u) for u in self.union_rows_by_workers))
+
+    @property
+    def rows(self) -> int:
+        return int(self.shape[0]) if self.shape else 1
+
+    @property
+    def row_bytes(self) -> float:
+        return self.size_bytes / max(self.rows, 1)
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.kind is Kind.SPARSE
+
+    def alpha_for_workers(self, workers: int) -> float:
+        """Fraction of rows touched by the union of ``workers`` consecutive batches.
+
+        Measured for 1..8 workers; beyond that the union is extrapolated as
+        ``1 - (1 - alpha_1)^G`` (independent draws), capped by the measured largest union.
+        """
+        if workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {workers}")
+        if not self.is_sparse:
+            return 1.0
+        unions = self.union_rows_by_workers
+        if workers <= len(unions):
+            return min(1.0, unions[workers - 1] / max(self.rows, 1))
+        independent = 1.0 - (1.0 - self.alpha_mean) ** workers
+        measured_max = unions[-1] / max(self.rows, 1) if unions else 0.0
+        return min(1.0, max(independent, measured_max))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        d["shape"] = list(self.shape)
+        d["union_rows_by_workers"] = list(self.union_rows_by_workers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "VariableProfile":
+        names = {f.name for f in fields(cls)}
+        missing = names - {"union_rows_by_workers"} - set(d)
+        if missing:
+            raise ProfileError(f"variable entry {d.get('name', '?')!r} lacks fields {sorted(missing)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The measured profile of one model on one device, one row per trainable variable."""
+
+    model_name: str
+    batch_size: int
+    steps: int
+    step_time_s: float
+    peak_memory_bytes: int
+    variables: tuple[VariableProfile, ...]
+    environment: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "variables", tuple(self.variables))
+
+    def __getitem__(self, name: str) -> VariableProfile:
+        for v in self.variables:
+            if v.name == name:
+                return v
+        raise KeyError(f"no variable {name!r} in profile of {self.model_name!r}; "
+                       f"variables: {[v.name for v in self.variables]}")
+
+    @property
+    def names(self) -> list[str]:
+        return [v.name for v in self.variables]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(v.size_bytes for v in self.variables)
+
+    @property
+    def sparse_bytes(self) -> int:
+        return sum(v.size_bytes for v in self.variables if v.is_sparse)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": "parallax_nb.profile",
+            "schema_version": PROFILE_SCHEMA_VERSION,
+            "model_name": self.model_name,
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+            "step_time_s": self.step_time_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "environment": dict(self.environment),
+            "variables": [v.to_dict() for v in self.variables],
+        }
+
+    def to_json(self, path: str | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            from .io import atomic_write_text
+            atomic_write_text(path, text)
+        return text
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Profile":
+        if not isinstance(d, dict) or d.get("schema") != "parallax_nb.profile":
+            raise ProfileError("not a parallax_nb profile (missing 'schema': 'parallax_nb.profile')")
+        if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
+            raise ProfileError(f"profile schema_version {d.get('schema_version')!r} is not supported "
+                               f"(this parallax_nb reads version {PROFILE_SCHEMA_VERSION})")
+        try:
+            return cls(
+                model_name=str(d["model_name"]),
+                batch_size=int(d["batch_size"]),
+                steps=int(d["steps"]),
+                step_time_s=float(d["step_time_s"]),
+                peak_memory_bytes=int(d["peak_memory_bytes"]),
+                variables=tuple(VariableProfile.from_dict(v) for v in d["variables"]),
+                environment=dict(d.get("environment", {})),
+            )
+        except KeyError as e:
+            raise ProfileError(f"profile lacks field {e.args[0]!r}") from None
+
+    @classmethod
+    def from_json(cls, path_or_text: str) -> "Profile":
+        from .io import load_json
+        return cls.from_dict(load_json(path_or_text, what="profile"))
+
+    def dataframe(self):
+        """One row per variable: name, kind, shape, size, alpha statistics, gradient bytes."""
+        import pandas as pd
+
+        rows = []
+        for v in self.variables:
+            rows.append({
+                "name": v.name, "kind": v.kind.value, "shape": "x".join(map(str, v.shape)) or "scalar",
+                "dtype": v.dtype, "size_bytes": v.size_bytes, "rows": v.rows,
+                "rows_touched": v.rows_touched_mean, "alpha_mean": v.alpha_mean,
+                "alpha_p50": v.alpha_p50, "alpha_p95": v.alpha_p95, "alpha_max": v.alpha_max,
+                "grad_bytes_per_step": v.grad_bytes_per_step,
+            })
+        return pd.DataFrame(rows).set_index("name")
+
+    def summary(self) -> str:
+        n_sparse = sum(v.is_sparse for v in self.variables)
+        lines = [
+            f"Profile of {self.model_name}: {len(self.variables)} variables "
+            f"({n_sparse} sparse), {format_bytes(self.total_bytes)} "
+            f"({100 * self.sparse_bytes / max(self.total_bytes, 1):.1f}% sparse), "
+            f"batch {self.batch_size}, {self.steps} steps, "
+            f"step {self.step_time_s * 1e3:.1f} ms, peak memory {format_bytes(self.peak_memory_bytes)}",
+        ]
+        width = max((len(v.name) for v in self.variables), default=4)
+        lines.append(f"  {'variable':<{width}}  {'kind':<6}  {'size':>10}  {'alpha':>8}")
+        for v in self.variables:
+            lines.append(f"  {v.name:<{width}}  {v.kind.value:<6}  {format_bytes(v.size_bytes):>10}  "
+                         f"{v.alpha_mean:>8.4f}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_html_(self) -> str:
+        return self.dataframe()._repr_html_()
+
+
+_BANDWIDTH = re.compile(
+    r"^\s*(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(?P<prefix>[kKmMgGtT]?)(?P<unit>bit/s|bps|b/s|B/s|Bps)\s*$"
+)
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(value: "str | float | int") -> float:
+    """Bandwidth in bits per second from ``"10Gbit/s"``, ``"100 Gbps"``, ``"1.25GB/s"`` or a number.
+
+    Prefixes are decimal (k=1e3 ... T=1e12); ``bit/s``, ``bps`` and ``b/s`` are bits,
+    ``B/s`` and ``Bps`` are bytes (x8). A bare number is bits per second.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"unparsable bandwidth {value!r}", hint='write it like "10Gbit/s" or "1.25GB/s"')
+    if isinstance(value, (int, float)):
+        bps = float(value)
+    else:
+        m = _BANDWIDTH.match(str(value))
+        if not m:
+            raise ConfigError(f"unparsable bandwidth {value!r}",
+                              hint='write it like "10Gbit/s", "100Gbps" or "1.25GB/s"')
+        bps = float(m["num"]) * _PREFIX[m["prefix"].lower()] * (8.0 if m["unit"] in ("B/s", "Bps") else 1.0)
+    if not math.isfinite(bps) or bps <= 0:
+        raise ConfigError(f"bandwidth must be positive and finite, got {value!r}")
+    return bps
+
+
+def format_bandwidth(bps: float) -> str:
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:g}{prefix}bit/s"
+    return f"{bps:g}bit/s"
+
+
+def format_bytes(n: float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The cluster a plan is for.
+
+    ``machines`` hosts with ``workers_per_machine`` workers (one per GPU) each, joined by
+    links of ``bandwidth_bps`` bits per second with ``latency_s`` seconds per message.
+    ``local_aggregation`` combines the gradients of a machine's workers before anything
+    crosses machines (Parallax's local aggregation).
+    """
+
+    machines: int
+    workers_per_machine: int = 1
+    bandwidth_bps: float = 10e9
+    latency_s: float = 25e-6
+    local_aggregation: bool = True
+
+    def __post_init__(self):
+        for name in ("machines", "workers_per_machine"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ClusterSpec.{name} must be a whole number >= 1, got {value!r}",
+                                  hint="a cluster has at least one machine with one worker")
+        object.__setattr__(self, "bandwidth_bps", parse_bandwidth(self.bandwidth_bps))
+        if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ConfigError(f"ClusterSpec.latency_s must be a finite number >= 0, got {self.latency_s!r}")
+
+    @classmethod
+    def create(cls, machines: int, workers_per_machine: int = 1, bandwidth: "str | float" = "10Gbit/s",
+               latency_s: float = 25e-6, local_aggregation: bool = True) -> "ClusterSpec":
+        """Build a spec with a bandwidth written with units (``"10Gbit/s"``)."""
+        return cls(machines, workers_per_machine, parse_bandwidth(bandwidth), latency_s, local_aggregation)
+
+    @property
+    def workers(self) -> int:
+        return self.machines * self.workers_per_machine
+
+    @property
+    def bandwidth(self) -> str:
+        return format_bandwidth(self.bandwidth_bps)
+
+    def replace(self, **changes) -> "ClusterSpec":
+        if "bandwidth" in changes:
+            changes["bandwidth_bps"] = parse_bandwidth(changes.pop("bandwidth"))
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return ClusterSpec(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ClusterSpec":
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"unknown cluster spec fields {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**d)
+
+    def __str__(self) -> str:
+        return (f"{self.machines} machine(s) x {self.workers_per_machine} worker(s), "
+                f"{self.bandwidth}, latency {self.latency_s * 1e6:g} us, "
+                f"local aggregation {'on' if self.local_aggregation else 'off'}")
+
+
+def names_of(items: Iterable[Any]) -> list[str]:
+    return [getattr(i, "name", str(i)) for i in items]

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything parallax_nb needs, sourced by scripts/quickstart.sh and
+# scripts/test.sh. A second run on a set-up machine takes seconds: the virtual environment
+# is kept while requirements.txt is unchanged, and the Horovod wheel (built from source,
+# ~3.5 min on 2 cores) is cached outside the clone in $PX_CACHE.
+#
+#   PX_VENV    virtual environment            (default: <repo>/.venv)
+#   PX_CACHE   wheel cache, outside the clone (default: ~/.cache/parallax_nb)
+#   PX_PYTHON  interpreter for the venv       (default: python3.11, else python3)
+set -euo pipefail
+
+PX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PX_VENV="${PX_VENV:-$PX_ROOT/.venv}"
+PX_CACHE="${PX_CACHE:-$HOME/.cache/parallax_nb}"
+HOROVOD_VERSION=0.28.1
+MPI4PY_VERSION=4.1.1
+TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$PX_ROOT/requirements.txt")"
+
+say() { printf '[parallax_nb setup] %s\n' "$*" >&2; }
+die() { printf '[parallax_nb setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else die "need root to run: $* (install those Debian packages by hand, then re-run)"; fi
+}
+
+install_debian_packages() {
+  local wanted=(openmpi-bin libopenmpi-dev cmake iproute2 "$@") missing=()
+  local pkg
+  for pkg in "${wanted[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  command -v apt-get >/dev/null 2>&1 || die "missing system packages ${missing[*]} and no apt-get: install Open MPI 4.1 (with headers) and cmake, then re-run"
+  say "installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+make_venv() {
+  local python="${PX_PYTHON:-}"
+  if [ -z "$python" ]; then
+    python="$(command -v python3.11 || command -v python3 || true)"
+  fi
+  [ -n "$python" ] || die "no python3 found; parallax_nb needs Python 3.11"
+  "$python" -c 'import sys; sys.exit(0 if sys.version_info[:2] in ((3, 10), (3, 11), (3, 12)) else 1)' \
+    || die "$python is Python $("$python" -c 'import platform; print(platform.python_version())'); TensorFlow $TF_VERSION needs 3.10 to 3.12 (3.11 recommended). Set PX_PYTHON."
+  if [ ! -x "$PX_VENV/bin/python" ]; then
+    say "creating virtual environment $PX_VENV"
+    "$python" -m venv "$PX_VENV"
+    "$PX_VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  fi
+}
+
+install_requirements() {
+  local stamp="$PX_VENV/.parallax_requirements" want
+  want="$(sha256sum "$PX_ROOT/requirements.txt" | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing pinned Python dependencies (requirements.txt)"
+    "$PX_VENV/bin/python" -m pip install -q -r "$PX_ROOT/requirements.txt"
+    echo "$want" > "$stamp"
+  fi
+}
+
+# Build $1==$2 from source into the cache once; later set-ups install the cached wheel.
+# $4 is "isolated" to build in pip's isolated build environment, anything else to build
+# against the venv (Horovod must see the installed TensorFlow); the rest is VAR=value env.
+cached_source_wheel() {
+  local name="$1" version="$2" key="$3" isolation="$4"; shift 4
+  local isolation_flag=--no-build-isolation
+  [ "$isolation" = isolated ] && isolation_flag=''
+
+  local dir="$PX_CACHE/wheels/$name-$version-$key"
+  if ! ls "$dir"/*.whl >/dev/null 2>&1; then
+    say "building $name $version from source (cached in $dir)"
+    mkdir -p "$dir.partial"
+    env "$@" "$PX_VENV/bin/python" -m pip wheel -q --no-deps $isolation_flag --no-binary "$name" \
+      --no-cache-dir -w "$dir.partial" "$name==$version" \
+      || { rm -rf "$dir.partial"; die "building $name $version failed (see the compiler output above)"; }
+    rm -rf "$dir" && mv "$dir.partial" "$dir"
+  fi
+  ls "$dir"/*.whl
+}
+
+install_horovod() {
+  if "$PX_VENV/bin/python" -c "import horovod, sys; sys.exit(0 if horovod.__version__ == '$HOROVOD_VERSION' else 1)" 2>/dev/null \
+     && [ -f "$PX_VENV/.parallax_horovod_ok" ]; then
+    return 0
+  fi
+  local wheel
+  wheel="$(cached_source_wheel horovod "$HOROVOD_VERSION" "tf$TF_VERSION-$(uname -m)" venv \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+    HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS="-j$(nproc)")"
+  "$PX_VENV/bin/python" -m pip install -q "$wheel"
+  local report
+  report="$("$PX_VENV/bin/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed:
+$report"
+  if ! grep -q '\[X\] TensorFlow' <<<"$report" || ! grep -q '\[X\] MPI' <<<"$report"; then
+    rm -rf "$PX_CACHE/wheels/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$(uname -m)"
+    die "Horovod was built without TensorFlow or MPI support (cached wheel removed; re-run to rebuild):
+$report"
+  fi
+  touch "$PX_VENV/.parallax_horovod_ok"
+}
+
+install_mpi4py() {
+  "$PX_VENV/bin/python" -c "import mpi4py" 2>/dev/null && return 0
+  local wheel
+  wheel="$(cached_source_wheel mpi4py "$MPI4PY_VERSION" "$(uname -m)-py$("$PX_VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')" isolated)"
+  "$PX_VENV/bin/python" -m pip install -q "$wheel"
+}
+
+install_package() {
+  "$PX_VENV/bin/python" -c "import parallax_nb" 2>/dev/null && \
+    [ "$("$PX_VENV/bin/python" -c 'import parallax_nb, os; print(os.path.dirname(os.path.dirname(parallax_nb.__file__)))')" = "$PX_ROOT" ] && return 0
+  say "installing parallax_nb (editable)"
+  "$PX_VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$PX_ROOT"
+}
+
+px_bootstrap() {
+  local t0=$SECONDS
+  install_debian_packages "$@"
+  make_venv
+  install_requirements
+  install_mpi4py
+  install_horovod
+  install_package
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export PATH="$PX_VENV/bin:$PATH"
+  export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+  say "environment ready in $((SECONDS - t0)) s ($PX_VENV)"
+}
