@@ -17,43 +17,45 @@ import importlib
 
 __version__ = "0.1.0"
 
+# public name -> (module, attribute); attribute None means the module itself
 _EXPORTS = {
-    "Job": "parallax_nb.job",
-    "load_job": "parallax_nb.job",
-    "ClusterSpec": "parallax_nb.types",
-    "Profile": "parallax_nb.types",
-    "VariableProfile": "parallax_nb.types",
-    "Kind": "parallax_nb.types",
-    "Method": "parallax_nb.types",
-    "Architecture": "parallax_nb.types",
-    "Plan": "parallax_nb.plan",
-    "VariablePlan": "parallax_nb.plan",
-    "make_plan": "parallax_nb.plan",
-    "profile": "parallax_nb.profile",
-    "plan": "parallax_nb.widgets",
-    "run": "parallax_nb.cluster",
-    "Cluster": "parallax_nb.cluster",
-    "report": "parallax_nb.report",
-    "workloads": "parallax_nb.workloads",
-    "ParallaxError": "parallax_nb.errors",
-    "ConfigError": "parallax_nb.errors",
-    "JobError": "parallax_nb.errors",
-    "ProfileError": "parallax_nb.errors",
-    "PlanError": "parallax_nb.errors",
-    "SetupError": "parallax_nb.errors",
-    "DistributedError": "parallax_nb.errors",
-    "CheckpointError": "parallax_nb.errors",
+    "Job": ("parallax_nb.job", "Job"),
+    "load_job": ("parallax_nb.job", "load_job"),
+    "ClusterSpec": ("parallax_nb.types", "ClusterSpec"),
+    "Profile": ("parallax_nb.types", "Profile"),
+    "VariableProfile": ("parallax_nb.types", "VariableProfile"),
+    "Kind": ("parallax_nb.types", "Kind"),
+    "Method": ("parallax_nb.types", "Method"),
+    "Architecture": ("parallax_nb.types", "Architecture"),
+    "Plan": ("parallax_nb.plan", "Plan"),
+    "VariablePlan": ("parallax_nb.plan", "VariablePlan"),
+    "make_plan": ("parallax_nb.plan", "make_plan"),
+    "profile": ("parallax_nb.profile", "profile_job"),
+    "plan": ("parallax_nb.widgets", "plan"),
+    "Planner": ("parallax_nb.widgets", "Planner"),
+    "run": ("parallax_nb.cluster", "run"),
+    "Cluster": ("parallax_nb.cluster", "Cluster"),
+    "report": ("parallax_nb.report", "report"),
+    "workloads": ("parallax_nb.workloads", None),
+    "ParallaxError": ("parallax_nb.errors", "ParallaxError"),
+    "ConfigError": ("parallax_nb.errors", "ConfigError"),
+    "JobError": ("parallax_nb.errors", "JobError"),
+    "ProfileError": ("parallax_nb.errors", "ProfileError"),
+    "PlanError": ("parallax_nb.errors", "PlanError"),
+    "SetupError": ("parallax_nb.errors", "SetupError"),
+    "DistributedError": ("parallax_nb.errors", "DistributedError"),
+    "CheckpointError": ("parallax_nb.errors", "CheckpointError"),
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
+    if name not in _EXPORTS:
         raise AttributeError(f"module 'parallax_nb' has no attribute {name!r}")
+    module_name, attribute = _EXPORTS[name]
     module = importlib.import_module(module_name)
-    value = module if module_name.endswith("." + name) else getattr(module, name)
+    value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value
 
