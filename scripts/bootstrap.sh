@@ -28,6 +28,13 @@ as_root() {
 install_debian_packages() {
   local wanted=(openmpi-bin libopenmpi-dev cmake iproute2 "$@") missing=()
   local pkg
+  if ! command -v dpkg >/dev/null 2>&1; then
+    # Not Debian (e.g. a conda environment): the tools must already be on PATH.
+    for pkg in mpirun mpicc cmake; do
+      command -v "$pkg" >/dev/null 2>&1 || die "$pkg not found: install Open MPI 4.1 (with mpicc) and cmake, then re-run"
+    done
+    return 0
+  fi
   for pkg in "${wanted[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
