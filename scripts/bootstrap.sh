@@ -19,6 +19,11 @@ TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$PX_ROOT/requirements.txt")"
 say() { printf '[parallax_nb setup] %s\n' "$*" >&2; }
 die() { printf '[parallax_nb setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
+# pip, minus the warnings some machines' pip configuration prints for absent local indexes.
+pip_run() {
+  "$PX_VENV/bin/python" -m pip "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"
   elif command -v sudo >/dev/null 2>&1; then sudo "$@"
@@ -56,7 +61,7 @@ make_venv() {
   if [ ! -x "$PX_VENV/bin/python" ]; then
     say "creating virtual environment $PX_VENV"
     "$python" -m venv "$PX_VENV"
-    "$PX_VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+    pip_run install -q --upgrade pip setuptools wheel
   fi
 }
 
@@ -65,7 +70,7 @@ install_requirements() {
   want="$(sha256sum "$PX_ROOT/requirements.txt" | cut -d' ' -f1)"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing pinned Python dependencies (requirements.txt)"
-    "$PX_VENV/bin/python" -m pip install -q -r "$PX_ROOT/requirements.txt"
+    pip_run install -q -r "$PX_ROOT/requirements.txt"
     echo "$want" > "$stamp"
   fi
 }
@@ -99,7 +104,7 @@ install_horovod() {
   wheel="$(cached_source_wheel horovod "$HOROVOD_VERSION" "tf$TF_VERSION-$(uname -m)" venv \
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS="-j$(nproc)")"
-  "$PX_VENV/bin/python" -m pip install -q "$wheel"
+  pip_run install -q "$wheel"
   local report
   report="$("$PX_VENV/bin/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed:
 $report"
@@ -115,14 +120,14 @@ install_mpi4py() {
   "$PX_VENV/bin/python" -c "import mpi4py" 2>/dev/null && return 0
   local wheel
   wheel="$(cached_source_wheel mpi4py "$MPI4PY_VERSION" "$(uname -m)-py$("$PX_VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')" isolated)"
-  "$PX_VENV/bin/python" -m pip install -q "$wheel"
+  pip_run install -q "$wheel"
 }
 
 install_package() {
   "$PX_VENV/bin/python" -c "import parallax_nb" 2>/dev/null && \
     [ "$("$PX_VENV/bin/python" -c 'import parallax_nb, os; print(os.path.dirname(os.path.dirname(parallax_nb.__file__)))')" = "$PX_ROOT" ] && return 0
   say "installing parallax_nb (editable)"
-  "$PX_VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$PX_ROOT"
+  pip_run install -q --no-deps --no-build-isolation -e "$PX_ROOT"
 }
 
 px_bootstrap() {
