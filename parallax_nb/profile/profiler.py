@@ -1,0 +1,189 @@
+"""Profile a Job on one device: what every trainable variable would cost to synchronise.
+
+The profiler trains the user's own model on the user's own data for ``warmup + steps``
+single-device steps inside one ``tf.function``. Besides applying the optimizer, the step
+returns, for each variable whose gradient is a ``tf.IndexedSlices``, the unique row ids of
+that gradient and the length of its index vector. That is the whole definition of *sparse*:
+the same variables the runtime can serve from parameter servers, because the workloads gather
+rows through :func:`parallax_nb.ops.embedding_lookup` or Keras ``Embedding`` (both
+``tf.gather``). Everything else is dense.
+
+Order of the data: warm-up steps read batches ``0 .. warmup-1`` of ``job.dataset(0, 1)``,
+profiled step ``s`` reads batch ``warmup + s``. No extra steps are run: the step time is the
+median wall time of the profiled steps themselves (training step plus the device-side
+``tf.unique`` of the sparse ids and their copy to the host, a few percent of a step).
+"""
+from __future__ import annotations
+
+import math
+import platform
+import time
+
+import numpy as np
+
+from ..errors import JobError, ParallaxError, ProfileError
+from ..job import Job
+from ..types import MAX_LOCAL_WORKERS, Profile
+from . import checks
+from .memory import PeakMemoryMeter
+from .stats import dense_variable_profile, sparse_variable_profile
+
+
+def _check_count(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ProfileError(f"{name} must be a whole number >= {minimum}, got {value!r}",
+                           hint="profile_job(job, steps=20, warmup=2) profiles 20 steps after 2 warm-up steps")
+    return int(value)
+
+
+def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict):
+    """A ``tf.function`` training step returning ``(loss, {name: (unique_rows, index_count)})``.
+
+    ``kinds`` is filled while tracing (once): ``"sparse"`` for an ``IndexedSlices`` gradient,
+    ``"dense"`` for a tensor, ``"none"`` for a variable the loss does not depend on.
+    """
+    import tensorflow as tf
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = job.loss_value(model, x, y)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+        touched = {}
+        for name, grad in zip(names, grads):
+            if isinstance(grad, tf.IndexedSlices):
+                kinds[name] = "sparse"
+                ids = tf.reshape(grad.indices, [-1])
+                touched[name] = (tf.unique(ids)[0], tf.size(ids))
+            else:
+                kinds[name] = "dense" if grad is not None else "none"
+        return loss, touched
+
+    return train_step
+
+
+def _next_batch(iterator, step: int, job: Job):
+    import tensorflow as tf
+
+    try:
+        return next(iterator)
+    except (StopIteration, tf.errors.OutOfRangeError):
+        raise ProfileError(f"the data function of {job.name!r} ran out of examples at step {step}: it yields fewer "
+                           f"than batch_size = {job.batch_size} examples",
+                           hint="yield at least batch_size examples (the profiler repeats the dataset)") from None
+    except tf.errors.OpError as e:
+        raise ProfileError(f"the data function of {job.name!r} failed at step {step}: {checks._first_line(e)}") from None
+
+
+def _environment(memory_method: str, warmup: int, steps: int, steps_wall_s: float, no_gradient: list[str]) -> dict:
+    import keras
+    import tensorflow as tf
+
+    gpus = tf.config.list_logical_devices("GPU")
+    return {
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "python": platform.python_version(),
+        "device": gpus[0].name if gpus else f"CPU ({platform.processor() or platform.machine()})",
+        "memory_measure": memory_method,
+        "step_time_measure": "median wall time of the profiled steps (train step + unique sparse ids to host)",
+        "warmup_steps": warmup,
+        "profiled_batches": f"{warmup}..{warmup + steps - 1} of job.dataset(0, 1)",
+        "profiled_steps_wall_s": steps_wall_s,
+        "variables_without_gradient": no_gradient,
+    }
+
+
+def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = MAX_LOCAL_WORKERS) -> Profile:
+    """Train ``job`` for ``warmup + steps`` steps on one device and measure every trainable variable.
+
+    Returns a :class:`parallax_nb.types.Profile` (one :class:`VariableProfile` per trainable
+    variable, named by its Keras ``path``; statistics as defined in :mod:`.stats`), the median
+    step time in seconds and the peak memory growth in bytes (``environment["memory_measure"]``
+    says which meter). Raises :class:`JobError`/:class:`ProfileError` naming the problem for a
+    model builder that returns no Keras model, a model without trainable variables, data that
+    is not ``(x, y)`` pairs or does not fit the model, ids outside an embedding's rows, and
+    ``steps < 1``.
+    """
+    import tensorflow as tf
+
+    if not isinstance(job, Job):
+        raise JobError(f"profile_job needs a parallax_nb.Job, got {type(job).__name__}",
+                       hint="px.Job(model=..., loss=..., optimizer=..., data=..., batch_size=...)")
+    steps = _check_count("steps", steps, 1)
+    warmup = _check_count("warmup", warmup, 0)
+    max_workers = _check_count("max_workers", max_workers, 1)
+
+    with PeakMemoryMeter() as meter:
+        model = job.build_model()
+        optimizer = job.make_optimizer()
+        dataset = job.dataset(0, 1)
+        x_spec, _ = checks.check_pairs(dataset.element_spec)
+        checks.check_inputs_fit(model, x_spec)
+        iterator = iter(dataset)
+        first_x, first_y = _next_batch(iterator, 0, job)
+        if not model.built:
+            try:
+                model(first_x, training=False)
+            except (ValueError, TypeError, KeyError, tf.errors.OpError) as e:
+                raise checks.step_error(e, model, first_x, 0) from None
+        variables = list(model.trainable_variables)
+        if not variables:
+            raise ProfileError(f"model {model.name!r} of job {job.name!r} has no trainable variables: nothing to "
+                               "synchronise or profile", hint="check that the layers are not frozen (trainable=False)")
+        names = [v.path for v in variables]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ProfileError(f"model {model.name!r} has several trainable variables named {duplicates}",
+                               hint="give every layer a unique name")
+        kinds: dict[str, str] = {}
+        train_step = _make_train_step(job, model, optimizer, variables, names, kinds)
+
+        rows_by_name = {n: (int(v.shape[0]) if len(v.shape) else 1) for n, v in zip(names, variables)}
+        unique_rows: dict[str, list[np.ndarray]] = {}
+        index_counts: dict[str, list[int]] = {}
+        step_times: list[float] = []
+        batch = (first_x, first_y)
+        for step in range(warmup + steps):
+            if step > 0:
+                batch = _next_batch(iterator, step, job)
+            x, y = batch
+            t0 = time.perf_counter()
+            try:
+                loss, touched = train_step(x, y)
+                loss_value = float(loss)
+                touched = {n: (ids.numpy().astype(np.int64), int(count)) for n, (ids, count) in touched.items()}
+            except ParallaxError:
+                raise
+            except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
+                raise checks.step_error(e, model, x, step) from None
+            elapsed = time.perf_counter() - t0
+            for name, (ids, _) in touched.items():
+                checks.check_sparse_rows(name, ids, rows_by_name[name], step)
+            if step < warmup:
+                continue
+            if not math.isfinite(loss_value):
+                raise ProfileError(f"the loss of job {job.name!r} is {loss_value} at step {step}",
+                                   hint="lower the learning rate or check the loss function and the labels")
+            step_times.append(elapsed)
+            for name, (ids, count) in touched.items():
+                unique_rows.setdefault(name, []).append(ids)
+                index_counts.setdefault(name, []).append(count)
+
+    profiles = []
+    for name, var in zip(names, variables):
+        shape = tuple(int(d) for d in var.shape)
+        dtype = tf.as_dtype(var.dtype)
+        if kinds.get(name) == "sparse":
+            profiles.append(sparse_variable_profile(name, shape, dtype.name, dtype.size, unique_rows[name],
+                                                    index_counts[name], max_workers))
+        else:
+            profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
+    no_gradient = [n for n in names if kinds.get(n) == "none"]
+    return Profile(
+        model_name=job.name, batch_size=job.batch_size, steps=steps,
+        step_time_s=float(np.median(step_times)), peak_memory_bytes=meter.peak_bytes,
+        variables=tuple(profiles),
+        environment=_environment(meter.method, warmup, steps, float(sum(step_times)), no_gradient),
+    )
