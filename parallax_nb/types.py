@@ -364,3 +364,117 @@ class ClusterSpec:
 
 def names_of(items: Iterable[Any]) -> list[str]:
     return [getattr(i, "name", str(i)) for i in items]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost value types (computed by parallax_nb.cost; appended by the cost-model owner).
+#
+# Every byte figure is bytes sent + received by one machine's network link in one training
+# step (summed over both directions), as a real-valued expectation (not rounded).
+# ---------------------------------------------------------------------------------------------
+
+SPARSE_AS_DENSE = "sparse_as_dense"  # the key of plain Horovod with sparse_as_dense=True in comparisons
+
+
+@dataclass(frozen=True)
+class VariableCost:
+    """What one variable costs per machine per step under each method, on one ClusterSpec.
+
+    ``participants`` take part in each collective (machines with local aggregation, every
+    worker without); ``participants_per_machine`` of them share one machine's link. ``alpha``
+    is the fraction of rows one participant sends (the union of a machine's G workers with
+    local aggregation, one worker's otherwise; 1 for a dense variable). ``*_index_bytes_*`` are
+    the int64 row indices, already included in ``ps_bytes_per_step`` / ``ar_bytes_per_step``.
+    ``*_messages_per_step`` count sequential message rounds of that variable's own collective(s)
+    (see :mod:`parallax_nb.cost.model`).
+    """
+
+    name: str
+    kind: Kind
+    size_bytes: int
+    rows: int
+    alpha: float
+    participants: int
+    participants_per_machine: int
+    ps_bytes_per_step: float
+    ar_bytes_per_step: float
+    sparse_as_dense_bytes_per_step: float
+    ps_index_bytes_per_step: float
+    ar_index_bytes_per_step: float
+    ps_messages_per_step: int
+    ar_messages_per_step: int
+
+    @property
+    def cheaper_method(self) -> Method:
+        """PS when it moves strictly fewer bytes than AR; ties (also: nothing moves) go to AR."""
+        ps, ar = self.ps_bytes_per_step, self.ar_bytes_per_step
+        if ps < ar and not math.isclose(ps, ar, rel_tol=1e-12, abs_tol=1e-9):
+            return Method.PS
+        return Method.AR
+
+    def bytes_for(self, method: "Method | str") -> float:
+        return self.ps_bytes_per_step if Method(_enum_value(method)) is Method.PS else self.ar_bytes_per_step
+
+    def index_bytes_for(self, method: "Method | str") -> float:
+        return (self.ps_index_bytes_per_step if Method(_enum_value(method)) is Method.PS
+                else self.ar_index_bytes_per_step)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Estimated cost of one whole-model choice of methods on one ClusterSpec.
+
+    ``architecture`` is ``"ar" | "ps" | "hybrid" | "auto"`` or :data:`SPARSE_AS_DENSE`.
+    ``comm_time_s = transfer_time_s + latency_time_s`` with
+    ``transfer_time_s = bytes_per_machine_per_step / (bandwidth_bps / 8)`` and
+    ``latency_time_s = messages_per_step * latency_s``; ``step_time_s = compute_time_s +
+    comm_time_s`` (no overlap of compute and communication). ``examples_per_s = workers *
+    batch_size / step_time_s``. ``speedup_vs_ar`` / ``speedup_vs_ps`` = step time of all-AR /
+    all-PS divided by this step time (> 1: this choice is faster). ``variables`` and
+    ``methods`` are aligned: each variable's costs and the method this estimate charged it.
+    """
+
+    architecture: str
+    cluster: ClusterSpec
+    bytes_per_machine_per_step: float
+    index_bytes_per_machine_per_step: float
+    ps_bytes_per_machine_per_step: float
+    ar_bytes_per_machine_per_step: float
+    sparse_bytes_per_machine_per_step: float
+    dense_bytes_per_machine_per_step: float
+    messages_per_step: int
+    compute_time_s: float
+    transfer_time_s: float
+    latency_time_s: float
+    comm_time_s: float
+    step_time_s: float
+    examples_per_s: float
+    speedup_vs_ar: float | None = None
+    speedup_vs_ps: float | None = None
+    variables: tuple[VariableCost, ...] = field(default=(), repr=False)
+    methods: tuple[Method, ...] = field(default=(), repr=False)
+
+    def bytes_by_variable(self) -> dict[str, float]:
+        """Variable name -> bytes per machine per step under the method this estimate charged."""
+        return {c.name: (c.sparse_as_dense_bytes_per_step if self.architecture == SPARSE_AS_DENSE
+                         else c.bytes_for(m)) for c, m in zip(self.variables, self.methods)}
+
+    def to_dict(self, include_variables: bool = False) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("variables", "methods")}
+        d["cluster"] = self.cluster.to_dict()
+        if include_variables:
+            d["variables"] = [dict(c.to_dict(), method=m.value) for c, m in zip(self.variables, self.methods)]
+        return d
+
+    def summary(self) -> str:
+        text = (f"{self.architecture}: {format_bytes(self.bytes_per_machine_per_step)}/machine/step, "
+                f"{self.messages_per_step} messages, communication {self.comm_time_s * 1e3:.3f} ms, "
+                f"step {self.step_time_s * 1e3:.3f} ms, {self.examples_per_s:.1f} examples/s")
+        if self.speedup_vs_ar is not None and self.speedup_vs_ps is not None:
+            text += f", {self.speedup_vs_ar:.2f}x vs AR, {self.speedup_vs_ps:.2f}x vs PS"
+        return text

@@ -1,0 +1,185 @@
+"""Step-time estimates of a plan and of the whole-model architectures.
+
+For a choice of one method per variable on a ClusterSpec (bandwidth ``B`` in bits/s, latency
+``L`` in s per message round):
+
+* ``bytes_per_machine_per_step`` = sum over variables of the chosen method's bytes
+  (:mod:`parallax_nb.cost.model`), bytes;
+* ``messages_per_step`` = sum over variables of their collectives' rounds, except that every
+  tensor reduced by a dense allreduce (dense AR variables; every variable under
+  sparse-as-dense) is fused into **one** allreduce per step, as Horovod's tensor fusion does
+  (``2 (n-1)`` rounds in all). Sparse allgathers and PS exchanges are one collective per variable;
+* ``transfer_time_s = bytes / (B / 8)``, ``latency_time_s = messages * L``,
+  ``comm_time_s = transfer_time_s + latency_time_s``;
+* ``step_time_s = compute_time_s + comm_time_s`` where ``compute_time_s`` is the profiled
+  single-device step time with the per-worker batch: no overlap of communication with
+  compute (a pessimistic bound), and the network is the only shared resource;
+* ``examples_per_s = workers * batch_size / step_time_s``;
+* speedups are step-time ratios: ``speedup_vs_ar = step(all AR) / step(this)``.
+
+Plain Horovod with ``sparse_as_dense=True`` is the :data:`SPARSE_AS_DENSE` entry: every
+variable allreduced as a dense tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterable, Sequence
+
+from ..errors import ConfigError, PlanError
+from ..types import (SPARSE_AS_DENSE, Architecture, ClusterSpec, Estimate, Kind, Method, Profile,
+                     VariableCost)
+from .model import participants, rounds, variable_cost
+from .planner import choose_method
+
+WHOLE_MODEL = (Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO)
+
+
+def _check_inputs(profile, cluster) -> None:
+    if not isinstance(profile, Profile):
+        raise ConfigError(f"expected a parallax_nb Profile, got {type(profile).__name__}",
+                          hint="profile the job first (px.profile(job)) or load one with Profile.from_json(path)")
+    if not isinstance(cluster, ClusterSpec):
+        raise ConfigError(f"expected a ClusterSpec, got {type(cluster).__name__}",
+                          hint='build one with ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
+
+
+def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]:
+    """:func:`variable_cost` of every variable of ``profile``, in profile order."""
+    return [variable_cost(v, cluster) for v in profile.variables]
+
+
+def _total(label: str, profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost],
+           methods: Sequence[Method], sparse_as_dense: bool = False) -> Estimate:
+    """Sum the chosen methods' bytes and rounds and turn them into times (module docstring)."""
+    total = index = ps_bytes = ar_bytes = sparse = dense = 0.0
+    messages = 0
+    fused_allreduce = False
+    for cost, method in zip(costs, methods):
+        if sparse_as_dense:
+            moved, idx, fused_allreduce = cost.sparse_as_dense_bytes_per_step, 0.0, True
+        elif method is Method.PS:
+            moved, idx = cost.ps_bytes_per_step, cost.ps_index_bytes_per_step
+            messages += cost.ps_messages_per_step
+        else:
+            moved, idx = cost.ar_bytes_per_step, cost.ar_index_bytes_per_step
+            if cost.kind is Kind.DENSE:
+                fused_allreduce = True
+            else:
+                messages += cost.ar_messages_per_step
+        total += moved
+        index += idx
+        if method is Method.PS and not sparse_as_dense:
+            ps_bytes += moved
+        else:
+            ar_bytes += moved
+        if cost.kind is Kind.SPARSE:
+            sparse += moved
+        else:
+            dense += moved
+    if fused_allreduce and cluster.machines > 1:
+        messages += rounds("allreduce", participants(cluster)[0])
+    transfer = total * 8.0 / cluster.bandwidth_bps
+    latency = messages * cluster.latency_s
+    comm = transfer + latency
+    step = profile.step_time_s + comm
+    return Estimate(
+        architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
+        index_bytes_per_machine_per_step=index, ps_bytes_per_machine_per_step=ps_bytes,
+        ar_bytes_per_machine_per_step=ar_bytes, sparse_bytes_per_machine_per_step=sparse,
+        dense_bytes_per_machine_per_step=dense, messages_per_step=messages,
+        compute_time_s=profile.step_time_s, transfer_time_s=transfer, latency_time_s=latency,
+        comm_time_s=comm, step_time_s=step,
+        examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
+        variables=tuple(costs), methods=tuple(methods),
+    )
+
+
+def _methods(costs: Sequence[VariableCost], architecture: Architecture) -> list[Method]:
+    return [choose_method(c.kind, architecture, c) for c in costs]
+
+
+def _with_speedups(est: Estimate, ar: Estimate, ps: Estimate) -> Estimate:
+    def ratio(base: Estimate) -> float:
+        return base.step_time_s / est.step_time_s if est.step_time_s > 0 else float("inf")
+    return replace(est, speedup_vs_ar=ratio(ar), speedup_vs_ps=ratio(ps))
+
+
+def _whole_model(profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost]) -> dict:
+    out: dict = {a: _total(a.value, profile, cluster, costs, _methods(costs, a)) for a in WHOLE_MODEL}
+    out[SPARSE_AS_DENSE] = _total(SPARSE_AS_DENSE, profile, cluster, costs, [Method.AR] * len(costs),
+                                  sparse_as_dense=True)
+    ar, ps = out[Architecture.AR], out[Architecture.PS]
+    return {k: _with_speedups(e, ar, ps) for k, e in out.items()}
+
+
+def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Estimate:
+    """Estimated bytes, communication and step time of ``plan`` for ``profile``.
+
+    ``cluster`` defaults to the plan's own; the plan must name exactly the profile's variables.
+    Speedups compare with all-AR and all-PS on the same cluster.
+    """
+    cluster = cluster if cluster is not None else plan.cluster
+    if cluster is None:
+        raise PlanError(f"plan for {plan.model_name!r} was made without a cluster, so it has no cost",
+                        hint="pass cluster=ClusterSpec(...) to estimate(), or make the plan with make_plan()")
+    _check_inputs(profile, cluster)
+    plan.validate_for(profile.names)
+    costs = variable_costs(profile, cluster)
+    own = _total(plan.architecture.value, profile, cluster, costs, [plan.method(c.name) for c in costs])
+    ar = _total("ar", profile, cluster, costs, _methods(costs, Architecture.AR))
+    ps = _total("ps", profile, cluster, costs, _methods(costs, Architecture.PS))
+    return _with_speedups(own, ar, ps)
+
+
+def compare_architectures(profile: Profile, cluster: ClusterSpec) -> dict:
+    """``{Architecture.AR, .PS, .HYBRID, .AUTO, SPARSE_AS_DENSE: Estimate}`` on ``cluster``.
+
+    Keys are str-valued, so ``result["hybrid"]`` works too. ``SPARSE_AS_DENSE`` is plain
+    Horovod with ``sparse_as_dense=True``: every variable allreduced densely.
+    """
+    _check_inputs(profile, cluster)
+    return _whole_model(profile, cluster, variable_costs(profile, cluster))
+
+
+def _curve_key(architecture) -> str:
+    if architecture == SPARSE_AS_DENSE:
+        return SPARSE_AS_DENSE
+    return Architecture.parse(architecture).value
+
+
+def _check_machines(machines: Iterable[int]) -> list[int]:
+    counts = list(machines)
+    if not counts:
+        raise ConfigError("machines to sweep is empty", hint="pass e.g. machines=range(1, 65)")
+    return counts
+
+
+def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[int] = range(1, 65),
+                     architectures: Iterable = (*WHOLE_MODEL, SPARSE_AS_DENSE)) -> dict:
+    """Estimated step time against the machine count, other cluster fields kept.
+
+    Returns ``{"machines": [N, ...], "step_time_s": {architecture: [seconds, ...]}}`` (the
+    report's chart data); AUTO re-chooses its methods at every N.
+    """
+    _check_inputs(profile, cluster)
+    counts = _check_machines(machines)
+    keys = [_curve_key(a) for a in architectures]
+    curves: dict[str, list[float]] = {k: [] for k in keys}
+    for n in counts:
+        spec = cluster.replace(machines=n)
+        costs = variable_costs(profile, spec)
+        for key in keys:
+            if key == SPARSE_AS_DENSE:
+                est = _total(key, profile, spec, costs, [Method.AR] * len(costs), sparse_as_dense=True)
+            else:
+                est = _total(key, profile, spec, costs, _methods(costs, Architecture(key)))
+            curves[key].append(est.step_time_s)
+    return {"machines": counts, "step_time_s": curves}
+
+
+def step_time_curve(profile: Profile, cluster: ClusterSpec, architecture="auto",
+                    machines: Iterable[int] = range(1, 65)) -> list[tuple[int, float]]:
+    """``[(machines, step_time_s), ...]`` for one architecture (or :data:`SPARSE_AS_DENSE`)."""
+    key = _curve_key(architecture)
+    data = step_time_curves(profile, cluster, machines, architectures=(key,))
+    return list(zip(data["machines"], data["step_time_s"][key]))

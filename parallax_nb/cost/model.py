@@ -1,0 +1,147 @@
+"""The communication cost model: bytes and message rounds per machine per step, per variable.
+
+Pure Python over plain numbers (no TensorFlow), so a 1,000-variable plan recomputes in
+milliseconds.
+
+Symbols and units
+-----------------
+``m``  size of the variable, bytes; ``R`` its rows (first dimension); ``m / R`` bytes per row.
+``N``  machines; ``G`` workers per machine; ``W = N * G`` workers (ranks).
+``a``  fraction of the R rows one participant sends in one step (alpha, 0..1; 1 when dense).
+``n``  participants in a collective; ``g`` participants on one machine.
+``I = 8`` bytes per row index (int64).
+
+Every figure is the bytes **sent plus received** by one machine's link to the network in one
+step, an expectation over steps (a real number, not rounded; a test compares to the byte with
+a tolerance of half a byte). Traffic inside a machine (shared memory, PCIe, NVLink) is free.
+
+Who participates (local aggregation)
+------------------------------------
+* With local aggregation (``ClusterSpec.local_aggregation``, the default) the G workers of a
+  machine first combine their gradients inside the machine, so one participant per machine
+  crosses the network: ``n = N``, ``g = 1``, and ``a = alpha_G``, the fraction of rows touched
+  by the **union** of G batches (``VariableProfile.alpha_for_workers(G)``, measured by the
+  profiler, not assumed to be ``G * alpha``).
+* Without it every worker is a participant on its own: ``n = W``, ``g = G``, ``a = alpha_1``.
+
+Per-participant volume (to and from all its peers)
+--------------------------------------------------
+* dense allreduce (ring: reduce-scatter then allgather)      ``4 * m * (n-1) / n``
+* PS values: a participant pulls its remote rows, pushes their gradients, and, as owner of
+  ``1/n`` of the rows, receives the others' gradients for them and sends them the values:
+  ``4 * a * m * (n-1) / n``; the ids travel once to the owners and are received once by them:
+  ``2 * I * a * R * (n-1) / n``
+* AR of a sparse gradient (allgatherv of values and of indices): each participant sends its
+  ``a * m`` bytes to ``n-1`` peers and receives theirs: ``2 * a * m * (n-1)``, indices
+  ``2 * I * a * R * (n-1)``
+* sparse-as-dense AR: the sparse gradient densified, then allreduced: ``4 * m * (n-1) / n``
+* PS of a dense variable: the PS formula with ``a = 1`` and no indices, ``4 * m * (n-1) / n``.
+
+From participants to one machine's link
+---------------------------------------
+A machine carries the traffic of its g participants with peers on **other** machines. We
+assume each participant's volume is spread evenly over its ``n-1`` peers (exact for the
+all-to-all exchange of the PS and for the allgather's direct sends; the volume of a ring), so
+the share that leaves the machine is ``r = (n - g) / (n - 1)`` (``r = 0`` when ``N = 1``):
+
+    machine bytes = g * r * per-participant bytes
+
+With local aggregation ``g = 1, r = 1`` and the figures are DESIGN.md §6's formulas with N
+machines. Without it, dense and PS figures become ``G`` times the per-machine formula with N
+(e.g. ``4 * G * m * (N-1) / N``), and the sparse AR figure becomes
+``2 * G**2 * alpha_1 * m * (N-1)``. A topology-aware hierarchical ring would send less than
+this without local aggregation; that saving is exactly what local aggregation models.
+
+Message rounds (latency)
+------------------------
+A collective of n participants costs sequential rounds, each charged ``latency_s``: ring
+allreduce ``2 (n-1)`` (reduce-scatter, allgather); sparse AR ``2 (n-1)`` (one ring allgather
+of values and one of indices); sparse PS ``3 (n-1)`` (three pairwise alltoalls: ids to owners,
+rows back, gradients to owners); dense PS ``2 (n-1)`` (reduce-scatter of the gradient to the
+owners, allgather of the fresh values). Nothing crosses machines when ``N = 1``: 0 rounds.
+Partitions do not change bytes or rounds here: rows are assumed spread evenly over the owners
+(at least one partition per participant); the partition count trades per-owner work against
+per-partition overhead, which the runtime's partition search measures.
+"""
+from __future__ import annotations
+
+from ..types import ClusterSpec, Kind, VariableCost, VariableProfile
+
+INDEX_BYTES = 8  # one int64 row index
+
+
+def participants(cluster: ClusterSpec) -> tuple[int, int]:
+    """``(n, g)``: participants per collective and participants sharing one machine's link."""
+    if cluster.local_aggregation:
+        return cluster.machines, 1
+    return cluster.workers, cluster.workers_per_machine
+
+
+def remote_share(n: int, g: int) -> float:
+    """``r = (n - g) / (n - 1)``: share of a participant's volume exchanged with other machines."""
+    return (n - g) / (n - 1) if n > g else 0.0
+
+
+def allreduce_bytes(size_bytes: float, n: int) -> float:
+    """Ring allreduce, one participant: ``4 * m * (n-1) / n`` bytes (2 sent + 2 received halves)."""
+    return 4.0 * size_bytes * (n - 1) / n
+
+
+def ps_value_bytes(alpha: float, size_bytes: float, n: int) -> float:
+    """PS pull + push as worker and as owner, one participant: ``4 * a * m * (n-1) / n`` bytes."""
+    return 4.0 * alpha * size_bytes * (n - 1) / n
+
+
+def ps_index_bytes(alpha: float, rows: int, n: int) -> float:
+    """PS row ids, sent once to the owners and received once by them: ``2 * 8 * a * R * (n-1) / n``."""
+    return 2.0 * INDEX_BYTES * alpha * rows * (n - 1) / n
+
+
+def allgather_value_bytes(alpha: float, size_bytes: float, n: int) -> float:
+    """Allgatherv of ``a * m`` bytes per participant: ``2 * a * m * (n-1)`` bytes."""
+    return 2.0 * alpha * size_bytes * (n - 1)
+
+
+def allgather_index_bytes(alpha: float, rows: int, n: int) -> float:
+    """Allgatherv of the row indices: ``2 * 8 * a * R * (n-1)`` bytes."""
+    return 2.0 * INDEX_BYTES * alpha * rows * (n - 1)
+
+
+def rounds(collective: str, n: int) -> int:
+    """Sequential message rounds of one collective among n participants (0 when n = 1)."""
+    per_ring = {"allreduce": 2, "allgather": 2, "ps_sparse": 3, "ps_dense": 2}[collective]
+    return per_ring * (n - 1)
+
+
+def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
+    """Bytes per machine per step of ``var`` under PS, AR and sparse-as-dense AR on ``cluster``.
+
+    See the module docstring for every formula. ``alpha`` is ``alpha_for_workers(G)`` with
+    local aggregation and ``alpha_for_workers(1)`` without (1 for a dense variable).
+    """
+    n, g = participants(cluster)
+    scale = g * remote_share(n, g)  # 0 on one machine: nothing crosses machines
+    m = var.size_bytes
+    rows = var.rows
+    dense_volume = allreduce_bytes(m, n) * scale
+    if var.kind is Kind.SPARSE:
+        alpha = var.alpha_for_workers(cluster.workers_per_machine if cluster.local_aggregation else 1)
+        ps_index = ps_index_bytes(alpha, rows, n) * scale
+        ar_index = allgather_index_bytes(alpha, rows, n) * scale
+        ps = ps_value_bytes(alpha, m, n) * scale + ps_index
+        ar = allgather_value_bytes(alpha, m, n) * scale + ar_index
+        ps_rounds, ar_rounds = rounds("ps_sparse", n), rounds("allgather", n)
+    else:
+        alpha = 1.0
+        ps_index = ar_index = 0.0
+        ps = ar = dense_volume
+        ps_rounds, ar_rounds = rounds("ps_dense", n), rounds("allreduce", n)
+    if cluster.machines == 1:
+        ps_rounds = ar_rounds = 0
+    return VariableCost(
+        name=var.name, kind=var.kind, size_bytes=m, rows=rows, alpha=alpha,
+        participants=n, participants_per_machine=g,
+        ps_bytes_per_step=ps, ar_bytes_per_step=ar, sparse_as_dense_bytes_per_step=dense_volume,
+        ps_index_bytes_per_step=ps_index, ar_index_bytes_per_step=ar_index,
+        ps_messages_per_step=ps_rounds, ar_messages_per_step=ar_rounds,
+    )
