@@ -1,0 +1,410 @@
+"""Cluster: an ipyparallel controller plus engines that are MPI ranks of one ``mpiexec``.
+
+On a laptop or one host (the default)::
+
+    cluster = Cluster(n=2)        # controller on 127.0.0.1, 2 engines = MPI ranks 0 and 1
+    cluster.start()               # ~7-10 s; idempotent: a running cluster is reused
+    cluster.status()              # engines, ids, ranks, hosts, alive
+    cluster.stop()                # controller, engines and mpiexec gone
+
+On real hosts, two routes:
+
+1. An MPI hostfile: ``Cluster(n=8, hostfile="hosts.txt", ip="0.0.0.0", location="10.0.0.5")``
+   starts ``mpiexec --hostfile hosts.txt`` for the engines; the controller listens on every
+   interface of this host and tells engines to reach it at ``location`` (an address of this
+   host the others can route to). Every host needs the same Python environment at the same
+   path, passwordless ssh for mpiexec, and this package importable (Open MPI forwards
+   ``PYTHONPATH`` and the controller's connection info with ``-x``).
+2. An ipyparallel profile: ``Cluster(n=8, profile="mycluster")`` loads
+   ``~/.ipython/profile_mycluster/ipcluster_config.py``, where any launcher ipyparallel
+   supports can be configured (``c.MPIEngineSetLauncher.mpi_args = ["--hostfile", ...]``,
+   ``c.Cluster.controller_ip``, Slurm/PBS launchers, ...). Engines must still be MPI ranks.
+
+Security (issue 9): the controller listens on loopback unless ``ip`` says otherwise;
+the profile's ``security`` folder is made private (0700) and every connection and cluster
+file in it readable by the owner only (0600). Without a named profile, each Cluster uses a
+fresh private profile folder (0700, from ``tempfile.mkdtemp``) removed by :meth:`stop`.
+Messages between notebook, controller and engines are signed with the cluster's session
+key (HMAC), so pickled data is only accepted from this session's own cluster.
+"""
+from __future__ import annotations
+
+import glob
+import ipaddress
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError, SetupError
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """One engine: its ipyparallel id, MPI rank, host and process id."""
+
+    engine_id: int
+    rank: int
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What :meth:`Cluster.status` reports."""
+
+    running: bool
+    engines_requested: int
+    engines: tuple[EngineInfo, ...] = ()
+    controller_ip: str = ""
+    profile_dir: str = ""
+    alive: bool = False
+
+    @property
+    def ids(self) -> list[int]:
+        return [e.engine_id for e in self.engines]
+
+    @property
+    def ranks(self) -> list[int]:
+        return [e.rank for e in self.engines]
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted({e.host for e in self.engines})
+
+    def __str__(self) -> str:
+        if not self.running:
+            return "cluster: stopped"
+        state = "alive" if self.alive else "NOT all engines alive"
+        return (f"cluster: {len(self.engines)}/{self.engines_requested} engines {state}, controller on "
+                f"{self.controller_ip}, ranks {self.ranks} (engine ids {self.ids}) on {', '.join(self.hosts) or '-'}")
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return ip == "localhost"
+
+
+def _mpi_flavour() -> str:
+    """"openmpi", "mpich" or "" from ``mpiexec --version``."""
+    exe = shutil.which("mpiexec")
+    if exe is None:
+        raise SetupError("mpiexec not found: engines are MPI ranks and need an MPI installation",
+                         hint="install Open MPI (apt-get install openmpi-bin libopenmpi-dev) and mpi4py")
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return "openmpi" if "Open MPI" in out or "OpenRTE" in out else ("mpich" if "HYDRA" in out else "")
+
+
+def make_private(profile_dir: str) -> list[str]:
+    """chmod the profile's security folder 0700 and its files 0600; return the files."""
+    security = os.path.join(profile_dir, "security")
+    os.makedirs(security, exist_ok=True)
+    os.chmod(security, stat.S_IRWXU)
+    files = sorted(glob.glob(os.path.join(security, "*.json")))
+    for path in files:
+        try:
+            os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)
+        except FileNotFoundError:
+            pass
+    return files
+
+
+class Cluster:
+    """An ipyparallel cluster whose ``n`` engines are the MPI ranks of one ``mpiexec``.
+
+    n:          engines (= MPI ranks = workers).
+    profile:    an ipyparallel profile name whose ``ipcluster_config.py`` configures launchers
+                for real hosts; None uses a private temporary profile.
+    hostfile:   an MPI hostfile naming real hosts (passed to ``mpiexec --hostfile``).
+    ip:         the interface the controller listens on; loopback by default. Engines on
+                other hosts need ``ip="0.0.0.0"`` (or this host's address) and ``location``.
+    location:   the address engines use to reach the controller when ``ip`` is 0.0.0.0.
+    mpi_args:   extra ``mpiexec`` arguments.
+    engine_timeout_s: how long :meth:`start` waits for engines to register.
+    """
+
+    def __init__(self, n: int = 2, profile: str | None = None, hostfile: str | None = None,
+                 ip: str = "127.0.0.1", location: str | None = None, mpi_args: tuple[str, ...] = (),
+                 engine_timeout_s: float = 120.0):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"a cluster needs a whole number of engines >= 1, got {n!r}",
+                              hint="e.g. Cluster(n=2)")
+        if hostfile is not None and not os.path.isfile(hostfile):
+            raise ConfigError(f"MPI hostfile not found: {hostfile!r}",
+                              hint="write one host per line, e.g. 'node1 slots=4'")
+        if hostfile is not None and _is_loopback(ip):
+            raise ConfigError(f"engines on the hosts of {hostfile!r} cannot reach a controller on loopback ({ip})",
+                              hint="pass ip='0.0.0.0' and location='<this host's address>'")
+        self.n = n
+        self.profile = profile
+        self.hostfile = hostfile
+        self.ip = ip
+        self.location = location
+        self.mpi_args = tuple(mpi_args)
+        self.engine_timeout_s = float(engine_timeout_s)
+        self._ipp = None           # ipyparallel.Cluster
+        self._client = None
+        self._private_dir: str | None = None
+        self._engines: tuple[EngineInfo, ...] = ()
+        self.start_time_s: float | None = None
+
+    # ----- life cycle --------------------------------------------------------------------------
+    def _profile_kwargs(self) -> dict:
+        if self.profile:
+            return dict(profile=self.profile)
+        if self._private_dir is None or not os.path.isdir(self._private_dir):
+            self._private_dir = tempfile.mkdtemp(prefix="parallax_nb-profile-")  # mode 0700
+        return dict(profile_dir=self._private_dir)
+
+    def _engine_mpi_args(self) -> list[str]:
+        flavour = _mpi_flavour()
+        args: list[str] = []
+        if flavour == "openmpi":
+            args += ["--bind-to", "none"]
+            if self.hostfile is None:
+                args += ["--oversubscribe"]   # a laptop may have fewer cores than engines
+            else:
+                args += ["-x", "PYTHONPATH", "-x", "IPP_CONNECTION_INFO", "-x", "PATH"]
+        if self.hostfile is not None:
+            args += ["--hostfile", self.hostfile] if flavour != "mpich" else ["-f", self.hostfile]
+        return args + list(self.mpi_args)
+
+    def _engine_environment(self) -> dict:
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p),
+               "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+        if hasattr(os, "geteuid") and os.geteuid() == 0:   # Open MPI refuses root without these
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return env
+
+    def _new_ipp_cluster(self):
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        config = Config()
+        config.MPIEngineSetLauncher.mpi_args = self._engine_mpi_args()
+        config.MPIEngineSetLauncher.environment = self._engine_environment()
+        kwargs = dict(engines="mpi", n=self.n, controller_ip=self.ip, log_level=40, config=config,
+                      engine_timeout=int(self.engine_timeout_s), **self._profile_kwargs())
+        if self.location:
+            kwargs["controller_location"] = self.location
+        return ipp.Cluster(**kwargs)
+
+    def start(self) -> "Cluster":
+        """Start the controller and engines, or reuse them if they are running and alive.
+
+        If the controller runs but engines died or are missing, the engines are restarted.
+        Raises :class:`SetupError` naming the cause when engines do not register in time.
+        """
+        if self.running and self.alive():
+            return self
+        t0 = time.monotonic()
+        if self._ipp is not None and self._ipp.controller is not None and self._client is not None:
+            self._restart_engines()
+        else:
+            self.stop()
+            self._ipp = self._new_ipp_cluster()
+            try:
+                self._ipp.start_controller_sync()
+                make_private(self._ipp.profile_dir)
+                self._ipp.start_engines_sync(self.n)
+                self._client = self._ipp.connect_client_sync()
+                self._wait_for_engines()
+            except BaseException as e:
+                output = self._engine_output()
+                self.stop()
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                raise SetupError(f"the cluster of {self.n} MPI engines did not start: {type(e).__name__}: {e}",
+                                 hint="check that mpiexec and mpi4py work: "
+                                      "mpiexec -n 2 python -c 'from mpi4py import MPI'"
+                                      + (f"\nengine output:\n{output}" if output else "")) from None
+        make_private(self._ipp.profile_dir)
+        self.start_time_s = time.monotonic() - t0
+        return self
+
+    def _engine_output(self) -> str:
+        try:
+            return "\n".join(es.get_output(remove=False)[-2000:] for es in self._ipp.engines.values())
+        except Exception:
+            return ""
+
+    def _wait_for_engines(self, old_ids: frozenset = frozenset()) -> None:
+        """Wait until ``n`` engines not in ``old_ids`` registered; learn their MPI ranks."""
+        deadline = time.monotonic() + self.engine_timeout_s
+        while len(set(self._client.ids) - old_ids) < self.n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(set(self._client.ids) - old_ids)} of {self.n} engines "
+                                   f"registered within {self.engine_timeout_s:g} s")
+            if self._ipp.engines and not any(es.running for es in self._ipp.engines.values()):
+                raise RuntimeError("mpiexec exited before the engines registered")
+            time.sleep(0.1)
+        ids = sorted(set(self._client.ids) - old_ids)[-self.n:]
+        from .engine import engine_identity
+
+        infos = self._client[ids].apply_async(engine_identity).get(timeout=self.engine_timeout_s)
+        self._engines = tuple(sorted((EngineInfo(engine_id=i, rank=d["rank"], host=d["host"], pid=d["pid"])
+                                      for i, d in zip(ids, infos)), key=lambda e: e.rank))
+        ranks = [e.rank for e in self._engines]
+        if ranks != list(range(self.n)):
+            raise SetupError(f"engines are not one MPI world: ranks {ranks}, expected 0..{self.n - 1}",
+                             hint="mpi4py may be built against another MPI than mpiexec")
+
+    def _restart_engines(self) -> None:
+        """Stop the engines' mpiexec (killing stuck ranks) and start a fresh set of engines."""
+        old_ids = frozenset(self._client.ids) | frozenset(e.engine_id for e in self._engines)
+        self._ipp.stop_engines_sync()
+        self._engines = ()
+        self._ipp.start_engines_sync(self.n)
+        self._wait_for_engines(old_ids)
+        make_private(self._ipp.profile_dir)
+
+    def restart_engines(self) -> "Cluster":
+        """Kill every engine (also ranks stuck in a collective) and start new ones; ~5-10 s."""
+        if self._ipp is None or self._ipp.controller is None:
+            return self.start()
+        self._restart_engines()
+        return self
+
+    def stop(self) -> None:
+        """Stop engines, mpiexec and controller; remove the private profile folder."""
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:
+                pass
+            self._client = None
+        if self._ipp is not None:
+            try:
+                self._ipp.stop_cluster_sync()
+            except Exception:
+                pass
+            self._ipp = None
+        self._engines = ()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
+
+    # ----- state -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._ipp is not None and self._client is not None and self._ipp.controller is not None
+
+    @property
+    def client(self):
+        """The ipyparallel Client connected to the controller (starts the cluster if needed)."""
+        if not self.running:
+            self.start()
+        return self._client
+
+    @property
+    def engines(self) -> tuple[EngineInfo, ...]:
+        return self._engines
+
+    @property
+    def engine_ids(self) -> list[int]:
+        """Engine ids in rank order (engine_ids[r] runs rank r)."""
+        return [e.engine_id for e in self._engines]
+
+    def rank_of(self, engine_id: int) -> int | None:
+        for e in self._engines:
+            if e.engine_id == engine_id:
+                return e.rank
+        return None
+
+    def host_of(self, engine_id: int) -> str:
+        for e in self._engines:
+            if e.engine_id == engine_id:
+                return e.host
+        return "?"
+
+    def alive(self) -> bool:
+        """True when the controller runs and every engine of the current set is registered."""
+        if not self.running or len(self._engines) != self.n:
+            return False
+        registered = set(self._client.ids)
+        return all(e.engine_id in registered for e in self._engines) and all(
+            es.running for es in self._ipp.engines.values()) and bool(self._ipp.engines)
+
+    @property
+    def profile_dir(self) -> str | None:
+        return self._ipp.profile_dir if self._ipp is not None else None
+
+    def connection_files(self) -> list[str]:
+        """The controller's connection and cluster files (they hold the session key)."""
+        if self._ipp is None:
+            return []
+        return sorted(glob.glob(os.path.join(self._ipp.profile_dir, "security", "*.json")))
+
+    def controller_pid(self) -> int | None:
+        try:
+            return int(self._ipp.controller.process.pid)
+        except Exception:
+            return None
+
+    def mpiexec_pids(self) -> list[int]:
+        pids = []
+        for es in (self._ipp.engines.values() if self._ipp is not None else []):
+            try:
+                pids.append(int(es.process.pid))
+            except Exception:
+                pass
+        return pids
+
+    def status(self) -> ClusterStatus:
+        """Engines, their ids, ranks and hosts, and whether all are alive."""
+        if not self.running:
+            return ClusterStatus(running=False, engines_requested=self.n, controller_ip=self.ip)
+        return ClusterStatus(running=True, engines_requested=self.n, engines=self._engines,
+                             controller_ip=self.ip, profile_dir=self._ipp.profile_dir, alive=self.alive())
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<Cluster n={self.n} ip={self.ip}: {self.status()}>"
+
+
+_default: Cluster | None = None
+
+
+def default_cluster(n: int | None = None, start: bool = True) -> Cluster:
+    """The notebook's shared cluster: reused by every run with the same engine count.
+
+    A different ``n`` stops the old cluster and starts one of the new size.
+    """
+    global _default
+    if _default is not None and n is not None and _default.n != n:
+        _default.stop()
+        _default = None
+    if _default is None:
+        _default = Cluster(n=n or 2)
+    if start:
+        _default.start()
+    return _default
+
+
+def stop_default_cluster() -> None:
+    global _default
+    if _default is not None:
+        _default.stop()
+        _default = None
+
+
+def current_default_cluster() -> Cluster | None:
+    """The shared cluster if one was created (running or not), without starting anything."""
+    return _default

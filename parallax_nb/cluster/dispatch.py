@@ -1,0 +1,287 @@
+"""Dispatch: ship a Job and a Plan to the engines, train there, stream progress back, stop.
+
+:func:`run` submits :func:`parallax_nb.cluster.engine.train_on_engine` to every engine (one
+task per MPI rank) and returns a :class:`~parallax_nb.cluster.run.Run` at once; a watcher
+thread (:class:`RunController`) then polls, every ``poll_s`` seconds:
+
+- the step records each engine published (ipyparallel ``publish_data``, merged by the
+  Client's IO thread into the task metadata) -> ``Run.add_records``;
+- which tasks finished, and with what -> ``Run.finish`` or ``Run.fail``.
+
+Stopping is cooperative first, forceful second, all inside 30 s:
+
+1. ``stop()`` sends ``SIGUSR1`` to every engine through ipyparallel's nanny (works while an
+   engine is busy). The engines agree on the step to stop at (``engine.StopFlag``) and
+   return normally; typical latency is one step.
+2. If they have not returned after ``stop_grace_s`` (default 15 s: e.g. a rank stuck in a
+   collective or in a long step), the engines are killed and restarted (new ``mpiexec``);
+   the run is marked stopped and the cluster stays usable.
+
+A failure is handled the same way: when one rank raised, the others are usually blocked in
+a collective waiting for it; after ``failure_grace_s`` the engines are restarted and the
+run fails with a :class:`DistributedError` naming the rank, engine and host of the first
+error, with that rank's remote traceback.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from ..errors import ConfigError, DistributedError
+from .cluster import Cluster, default_cluster
+from .engine import RECORD_KEY_PREFIX, STOP_SIGNAL, train_on_engine
+from .run import FAILED, RUNNING, STOPPING, Run
+
+STOP_GRACE_S = 15.0
+FAILURE_GRACE_S = 10.0
+_last_run: Run | None = None
+
+
+def last_run() -> Run | None:
+    """The most recent run started in this process (kept even if ``run(...)`` raised)."""
+    return _last_run
+
+
+def _check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return value
+
+
+class RunController:
+    """Watches the engines' tasks of one Run and carries out stop and abort requests."""
+
+    def __init__(self, run: Run, cluster: Cluster, async_results: list, engine_ids: list[int],
+                 poll_s: float = 0.1, stop_grace_s: float = STOP_GRACE_S, failure_grace_s: float = FAILURE_GRACE_S):
+        self.run = run
+        self.cluster = cluster
+        self.async_results = async_results     # one per rank, rank order
+        self.engine_ids = engine_ids
+        self.poll_s = poll_s
+        self.stop_grace_s = stop_grace_s
+        self.failure_grace_s = failure_grace_s
+        self._seen_keys: list[set] = [set() for _ in async_results]
+        self._first_error: tuple[float, int, BaseException] | None = None
+        self._abort_reason: str | None = None
+        self._stop_event = threading.Event()
+        self.stop_latency_s: float | None = None
+        self.restarted_engines = False
+        self.thread = threading.Thread(target=self._watch, name="parallax_nb-run-watcher", daemon=True)
+
+    # ----- requests from the notebook thread ---------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask every engine to stop after the current step (returns at once)."""
+        if self.run.done or self.run.stop_requested_at is not None:
+            return
+        self.run.stop_requested_at = time.monotonic()
+        self.run.set_status(STOPPING, "stopping: engines finish their current step")
+        try:
+            self.cluster.client.send_signal(int(STOP_SIGNAL), targets=self.engine_ids, block=False)
+        except Exception as e:   # the watcher escalates to an abort after stop_grace_s
+            self.run.message = f"stopping (signal failed: {e}); engines will be restarted"
+
+    def abort(self, reason: str) -> None:
+        """Kill and restart the engines now (used when they do not stop by themselves)."""
+        self._abort_reason = reason
+        self._stop_event.set()
+
+    # ----- the watcher thread ------------------------------------------------------------------
+    def _collect_records(self) -> None:
+        for rank, ar in enumerate(self.async_results):
+            try:
+                data = self.cluster.client.metadata[ar.msg_ids[0]]["data"]
+            except Exception:
+                continue
+            new = [k for k in list(data) if k.startswith(RECORD_KEY_PREFIX) and k not in self._seen_keys[rank]]
+            if not new:
+                continue
+            new.sort()
+            self._seen_keys[rank].update(new)
+            self.run.add_records([data[k] for k in new], rank=rank)
+
+    def _check_failures(self) -> None:
+        if self._first_error is not None:
+            return
+        for rank, ar in enumerate(self.async_results):
+            if ar.ready():
+                try:
+                    ar.get(0)
+                except Exception as e:
+                    self._first_error = (time.monotonic(), rank, e)
+                    return
+
+    def _error_for(self, rank: int, exc: BaseException, others_restarted: bool) -> DistributedError:
+        engine_id = self.engine_ids[rank]
+        host = self.cluster.host_of(engine_id)
+        ename = getattr(exc, "ename", type(exc).__name__)
+        evalue = getattr(exc, "evalue", str(exc))
+        remote_tb = "\n".join(getattr(exc, "traceback", None) or []) if isinstance(
+            getattr(exc, "traceback", None), list) else (getattr(exc, "traceback", None) or "")
+        if not remote_tb and not hasattr(exc, "ename"):
+            remote_tb = "".join(traceback.format_exception(exc))
+        message = f"rank {rank} (engine {engine_id} on host {host}) failed: {ename}: {evalue}"
+        hint = ("the other ranks were stopped and the engines restarted; the cluster is ready for the next run"
+                if others_restarted else "fix the cause above and run again")
+        err = DistributedError(message, hint=hint)
+        err.rank, err.engine_id, err.host, err.remote_traceback = rank, engine_id, host, remote_tb
+        err.ename, err.evalue = ename, evalue
+        return err
+
+    def _restart_engines(self) -> None:
+        try:
+            self.cluster.restart_engines()
+            self.restarted_engines = True
+        except Exception as e:
+            self.run.message = f"engines could not be restarted: {e}"
+
+    def _finish_from_results(self) -> None:
+        results = [ar.get(0) for ar in self.async_results]
+        rank0 = next((r for r in results if r.get("rank") == 0), results[0])
+        stopped = any(r.get("stopped") for r in results)
+        self._collect_records()
+        if self.run.stop_requested_at is not None:
+            self.stop_latency_s = time.monotonic() - self.run.stop_requested_at
+        self.run.finish(summary=rank0.get("summary"), weights=rank0.get("weights"),
+                        weight_names=rank0.get("weight_names"), history=rank0.get("history"), stopped=stopped)
+
+    def _watch(self) -> None:
+        try:
+            self.run.set_status(RUNNING, "running")
+            while True:
+                self._collect_records()
+                if all(ar.ready() for ar in self.async_results):
+                    self._check_failures()
+                    if self._first_error is None:
+                        self._finish_from_results()
+                    else:
+                        _, rank, exc = self._first_error
+                        self.run.fail(self._error_for(rank, exc, others_restarted=False))
+                    return
+                self._check_failures()
+                now = time.monotonic()
+                if self._abort_reason is not None:
+                    self._restart_engines()
+                    self.stop_latency_s = now - (self.run.stop_requested_at or now)
+                    self.run.finish(stopped=True, message=f"stopped: {self._abort_reason}; engines restarted")
+                    return
+                if self._first_error is not None and now - self._first_error[0] > self.failure_grace_s:
+                    _, rank, exc = self._first_error
+                    self._restart_engines()
+                    self.run.fail(self._error_for(rank, exc, others_restarted=True))
+                    return
+                if self.run.stop_requested_at is not None and now - self.run.stop_requested_at > self.stop_grace_s:
+                    self._restart_engines()
+                    self.stop_latency_s = time.monotonic() - self.run.stop_requested_at
+                    self.run.finish(stopped=True, message=f"stopped: engines did not stop within "
+                                                          f"{self.stop_grace_s:g} s and were restarted")
+                    return
+                self._stop_event.wait(self.poll_s)
+        except Exception as e:   # the watcher itself must never leave the run hanging
+            err = DistributedError(f"lost track of the run: {type(e).__name__}: {e}")
+            err.remote_traceback = traceback.format_exc()
+            if self.run.status != FAILED:
+                self.run.fail(err)
+
+
+def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster | None = None,
+        checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+        step_timeout_s: float | None = None, wait: bool = True, display: bool = True,
+        train_fn: Callable | None = None, stop_grace_s: float = STOP_GRACE_S,
+        failure_grace_s: float = FAILURE_GRACE_S) -> Run:
+    """Train ``job`` with ``plan`` on ``engines`` MPI engines for ``steps`` steps.
+
+    The job travels by cloudpickle, the plan as its dict; every engine calls
+    ``parallax_nb.runtime.train(job, plan, steps, on_step=..., should_stop=..., ...)``
+    (or ``train_fn``, a function with the same signature). Progress streams back while it
+    trains; the returned :class:`Run` is live.
+
+    cluster:          a :class:`Cluster` to use; default: the notebook's shared cluster of
+                      ``engines`` engines (started on first use, reused afterwards).
+    checkpoint_dir / checkpoint_every / resume: passed to the runtime (resume continues from
+                      the last checkpoint in ``checkpoint_dir``).
+    step_timeout_s:   a step that takes longer fails the run (a rank hung in a collective).
+    wait:             block until the run is finished (Ctrl-C stops it; a failure raises).
+    display:          show the live :class:`~parallax_nb.widgets.run_view.RunView` (in IPython).
+    """
+    global _last_run
+    from ..job import Job
+
+    if not isinstance(job, Job):
+        raise ConfigError(f"run() needs a parallax_nb.Job, got {type(job).__name__}",
+                          hint="build one with px.Job(model=..., loss=..., optimizer=..., data=..., batch_size=...)")
+    _check_positive_int("steps", steps)
+    _check_positive_int("engines", engines)
+    _check_positive_int("checkpoint_every", checkpoint_every, minimum=0)
+    if step_timeout_s is not None and not (isinstance(step_timeout_s, (int, float)) and step_timeout_s > 0):
+        raise ConfigError(f"step_timeout_s must be a positive number of seconds, got {step_timeout_s!r}")
+    if resume and not checkpoint_dir:
+        raise ConfigError("resume=True needs checkpoint_dir: the folder the earlier run saved checkpoints in")
+    plan_dict = None
+    if plan is not None:
+        if hasattr(plan, "to_dict"):
+            plan_dict = plan.to_dict()
+        elif isinstance(plan, dict):
+            plan_dict = plan
+        else:
+            raise ConfigError(f"plan must be a parallax_nb Plan (or its dict), got {type(plan).__name__}",
+                              hint="make one with px.plan(profile, ...).plan or px.make_plan(...)")
+    if cluster is None:
+        cluster = default_cluster(engines)
+    elif cluster.n != engines:
+        raise ConfigError(f"the cluster has {cluster.n} engines but engines={engines}",
+                          hint=f"pass engines={cluster.n} or a cluster of {engines} engines")
+    cluster.start()
+
+    options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+                   step_timeout_s=step_timeout_s)
+    architecture = (plan_dict or {}).get("architecture") if isinstance(plan_dict, dict) else None
+    the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture)
+    engine_ids = cluster.engine_ids
+    job_bytes = job.to_bytes()
+    client = cluster.client
+    train_fn_bytes = _pickle_function(train_fn) if train_fn is not None else None
+    async_results = [client[eid].apply_async(train_on_engine, job_bytes, plan_dict, steps, options, train_fn_bytes)
+                     for eid in engine_ids]
+    controller = RunController(the_run, cluster, async_results, engine_ids, stop_grace_s=stop_grace_s,
+                               failure_grace_s=failure_grace_s)
+    the_run._controller = controller
+    the_run.cluster = cluster
+    _last_run = the_run
+    controller.thread.start()
+    if display:
+        _display(the_run)
+    if wait:
+        the_run.wait()
+    return the_run
+
+
+def _pickle_function(fn: Callable) -> bytes:
+    """cloudpickle ``fn`` by value unless it lives in parallax_nb (engines import that)."""
+    import importlib
+    import cloudpickle
+
+    module_name = getattr(fn, "__module__", None) or "__main__"
+    if module_name == "__main__" or module_name.split(".")[0] == "parallax_nb":
+        return cloudpickle.dumps(fn)
+    module = importlib.import_module(module_name)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(fn)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+
+
+def _display(the_run: Run) -> None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    from IPython.display import display
+
+    from ..widgets.run_view import RunView
+
+    display(RunView(the_run))

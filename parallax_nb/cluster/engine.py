@@ -1,0 +1,178 @@
+"""What runs inside each ipyparallel engine (one engine = one MPI rank).
+
+:func:`train_on_engine` rebuilds the Job (cloudpickle bytes) and the Plan (its dict), calls
+the training function (``parallax_nb.runtime.train`` by default) with two hooks, and returns
+a small dict to the notebook:
+
+- ``on_step(record)`` publishes each step record on the engine's IOPub channel
+  (ipyparallel ``publish_data``), so the notebook sees progress while the engine is busy.
+  Messages are signed with the cluster's session key; the notebook only accepts data from
+  its own cluster.
+- ``should_stop()`` turns a stop request into the same decision on every rank. The notebook
+  asks for a stop by sending ``SIGUSR1`` to each engine through ipyparallel's nanny (the
+  control channel, which works while the engine is busy); the handler only sets a flag.
+  Ranks may see the signal at different steps, so each call does an MPI ``allreduce(MAX)`` of
+  the flags: all ranks leave the loop after the same step and none is left in a collective.
+
+Kept free of widgets and of the notebook side so that it imports fast on engines.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from typing import Any, Callable
+
+STOP_SIGNAL = signal.SIGUSR1
+RECORD_KEY_PREFIX = "px_record"   # data keys: "px_record:<rank>:<step>"
+STATUS_KEY = "px_status"
+
+
+class StopFlag:
+    """A stop request that every rank agrees on (see module docstring).
+
+    Installed as a ``SIGUSR1`` handler while the training runs (signal handlers can only be
+    installed from the main thread, which is where ipyparallel runs tasks).
+    """
+
+    def __init__(self, comm=None):
+        self.requested = False
+        self.agreed = False
+        self.comm = comm
+        self._previous = None
+
+    def _on_signal(self, signum, frame):
+        self.requested = True
+
+    def install(self) -> "StopFlag":
+        self._previous = signal.signal(STOP_SIGNAL, self._on_signal)
+        return self
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(STOP_SIGNAL, self._previous)
+            self._previous = None
+
+    def __call__(self) -> bool:
+        """True on every rank once any rank was asked to stop (a collective: call on all ranks)."""
+        if self.agreed:
+            return True
+        local = int(self.requested)
+        if self.comm is not None and self.comm.Get_size() > 1:
+            from mpi4py import MPI
+
+            local = self.comm.allreduce(local, op=MPI.MAX)
+        self.agreed = bool(local)
+        return self.agreed
+
+
+class ProgressPublisher:
+    """Publishes step records to the notebook over the engine's IOPub channel.
+
+    Each record goes under its own key so that the notebook's copy of the engine's data
+    (ipyparallel merges published dicts) accumulates every step, not just the latest.
+    """
+
+    def __init__(self, rank: int, publish: Callable[[dict], None] | None = None):
+        self.rank = rank
+        self.steps_published = 0
+        if publish is None:
+            from ipyparallel.datapub import publish_data as publish
+        self._publish = publish
+
+    def __call__(self, record: Any) -> None:
+        from .run import record_to_dict
+
+        d = record_to_dict(record)
+        self._publish({f"{RECORD_KEY_PREFIX}:{self.rank}:{d['step']:09d}": d})
+        self.steps_published += 1
+
+    def status(self, text: str) -> None:
+        self._publish({STATUS_KEY: {"rank": self.rank, "text": text, "time": time.time()}})
+
+
+def _load_plan(plan_dict):
+    if plan_dict is None:
+        return None
+    from ..plan import Plan
+
+    return Plan.from_dict(plan_dict)
+
+
+def _mpi_comm():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return MPI.COMM_WORLD
+
+
+def _weights_of(result) -> tuple[list | None, list | None]:
+    """Numpy weights (model order) and their names of the trained single-device model."""
+    model = result.single_device_model() if hasattr(result, "single_device_model") else None
+    if model is None:
+        return None, None
+    return [w for w in model.get_weights()], [getattr(v, "path", v.name) for v in model.weights]
+
+
+def train_on_engine(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict,
+                    train_fn_bytes: bytes | None = None) -> dict:
+    """Run the training on this engine's rank and return what the notebook needs.
+
+    Rank 0 returns ``summary``, ``history`` (list of record dicts) and ``weights``; every
+    rank returns ``rank``, ``size``, ``host``, ``pid``, ``steps_done`` and ``stopped``.
+    ``options`` holds ``checkpoint_dir``, ``checkpoint_every``, ``resume``, ``step_timeout_s``
+    and ``publish`` (False to train without streaming). ``train_fn_bytes`` is a cloudpickled
+    function with ``runtime.train``'s signature, or None for ``parallax_nb.runtime.train``.
+    """
+    from ..job import Job
+
+    comm = _mpi_comm()
+    rank = comm.Get_rank() if comm is not None else 0
+    size = comm.Get_size() if comm is not None else 1
+    job = Job.from_bytes(job_bytes)
+    plan = _load_plan(plan_dict)
+    if train_fn_bytes is None:
+        from ..runtime import train as train_fn
+    else:
+        import cloudpickle
+
+        train_fn = cloudpickle.loads(train_fn_bytes)
+    try:
+        import keras
+
+        keras.backend.clear_session()   # same variable names on every run of a reused engine
+    except ImportError:
+        pass
+
+    publisher = ProgressPublisher(rank) if options.get("publish", True) else (lambda record: None)
+    stop = StopFlag(comm).install()
+    kwargs = dict(on_step=publisher, should_stop=stop, checkpoint_dir=options.get("checkpoint_dir"),
+                  resume=bool(options.get("resume", False)), step_timeout_s=options.get("step_timeout_s"))
+    if options.get("checkpoint_every"):
+        kwargs["checkpoint_every"] = int(options["checkpoint_every"])
+    try:
+        result = train_fn(job, plan, steps, **kwargs)
+    finally:
+        stop.uninstall()
+
+    history = list(getattr(result, "history", []) or [])
+    weights, names = _weights_of(result)
+    out = dict(rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
+               steps_done=(int(getattr(history[-1], "step", -1)) + 1) if history else 0,
+               stopped=bool(stop.agreed))
+    if rank == 0:
+        from .run import record_to_dict
+
+        summary = result.summary() if hasattr(result, "summary") else None
+        out.update(summary=summary, history=[record_to_dict(r) for r in history],
+                   weights=weights, weight_names=names)
+    return out
+
+
+def engine_identity() -> dict:
+    """Rank, size, host and pid of this engine (to map ipyparallel engine ids to MPI ranks)."""
+    comm = _mpi_comm()
+    return dict(rank=comm.Get_rank() if comm is not None else 0, size=comm.Get_size() if comm is not None else 1,
+                host=socket.gethostname(), pid=os.getpid())

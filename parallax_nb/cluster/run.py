@@ -1,0 +1,267 @@
+"""Run: the handle of one distributed training run, and the model its views observe.
+
+A Run holds everything known about a run in plain Python: its status, the step records
+streamed from the engines while it trains, the final summary and weights, or the error.
+It knows nothing about widgets; :class:`~parallax_nb.widgets.run_view.RunView` subscribes
+with :meth:`Run.observe` and redraws. The dispatcher (``dispatch.py``) feeds it from a
+background thread; every mutation takes the lock and then notifies observers outside it.
+
+Status moves forward only::
+
+    starting -> running -> done
+                        -> stopping -> stopped
+                        -> failed
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import DistributedError
+
+STARTING, RUNNING, STOPPING, DONE, STOPPED, FAILED = "starting", "running", "stopping", "done", "stopped", "failed"
+FINISHED = (DONE, STOPPED, FAILED)
+
+#: Columns of :attr:`Run.history`, one row per step of rank 0 (units in the names).
+HISTORY_COLUMNS = ("step", "loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received",
+                   "bytes_per_step")
+
+
+def record_to_dict(record: Any) -> dict:
+    """A StepRecord (dataclass, object or dict) as a plain dict with ``bytes_per_step`` added.
+
+    ``bytes_per_step`` = bytes_sent + bytes_received of one rank in one step (what the cost
+    model predicts per worker per step).
+    """
+    if isinstance(record, dict):
+        d = dict(record)
+    elif hasattr(record, "__dataclass_fields__"):
+        d = {name: getattr(record, name) for name in record.__dataclass_fields__}
+    else:
+        d = dict(vars(record))
+    d["bytes_by_variable"] = {str(k): float(v) for k, v in dict(d.get("bytes_by_variable") or {}).items()}
+    for key in ("loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received"):
+        if key in d and d[key] is not None:
+            d[key] = float(d[key])
+    d["step"] = int(d.get("step", 0))
+    d["bytes_per_step"] = float(d.get("bytes_sent") or 0.0) + float(d.get("bytes_received") or 0.0)
+    return d
+
+
+class Run:
+    """A distributed training run: live while it trains, a result once it is finished.
+
+    Attributes read by users: :attr:`status`, :attr:`done`, :attr:`history`,
+    :meth:`summary`, :attr:`model`, :attr:`error`; actions: :meth:`wait`, :meth:`stop`.
+    ``steps`` is the number of steps asked for; ``plan`` the plan it runs (or None);
+    ``engines`` the number of engines (MPI ranks).
+    """
+
+    def __init__(self, job: Any = None, plan: Any = None, steps: int = 0, engines: int = 0,
+                 architecture: str | None = None):
+        self.job = job
+        self.plan = plan
+        self.steps = int(steps)
+        self.engines = int(engines)
+        self.architecture = architecture
+        self.status = STARTING
+        self.message = "starting"
+        self.error: DistributedError | None = None
+        self.started_at = time.time()
+        self.finished_at: float | None = None
+        self.stop_requested_at: float | None = None
+        self._records: list[dict] = []          # rank 0, ordered by step
+        self._last_step_by_rank: dict[int, int] = {}
+        self._summary: dict | None = None
+        self._weights: list | None = None
+        self._weight_names: list[str] | None = None
+        self._model = None
+        self._lock = threading.RLock()
+        self._finished = threading.Event()
+        self._observers: list[Callable[["Run", str], None]] = []
+        self._controller = None                  # set by dispatch: has .request_stop(), .abort()
+
+    # ----- observation -------------------------------------------------------------------------
+    def observe(self, callback: Callable[["Run", str], None]) -> None:
+        """Call ``callback(run, what)`` after each change; ``what`` is "records" or "status"."""
+        self._observers.append(callback)
+
+    def unobserve(self, callback) -> None:
+        if callback in self._observers:
+            self._observers.remove(callback)
+
+    def _notify(self, what: str) -> None:
+        for callback in list(self._observers):
+            try:
+                callback(self, what)
+            except Exception:  # a broken view must not break the run
+                pass
+
+    # ----- fed by the dispatcher ---------------------------------------------------------------
+    def add_records(self, records: list, rank: int = 0) -> None:
+        """Append streamed step records of ``rank``; rank 0's become the history."""
+        if not records:
+            return
+        with self._lock:
+            dicts = [record_to_dict(r) for r in records]
+            self._last_step_by_rank[rank] = max([self._last_step_by_rank.get(rank, -1)] + [d["step"] for d in dicts])
+            if rank == 0:
+                known = {d["step"] for d in self._records}
+                self._records.extend(d for d in dicts if d["step"] not in known)
+                self._records.sort(key=lambda d: d["step"])
+        self._notify("records")
+
+    def set_status(self, status: str, message: str | None = None) -> None:
+        with self._lock:
+            if self.status in FINISHED:
+                return
+            self.status = status
+            self.message = message or status
+            if status in FINISHED:
+                self.finished_at = time.time()
+        self._notify("status")
+        if status in FINISHED:
+            self._finished.set()
+
+    def finish(self, summary: dict | None = None, weights: list | None = None, weight_names: list | None = None,
+               history: list | None = None, stopped: bool = False, message: str | None = None) -> None:
+        """The engines returned: keep rank 0's summary, weights and full history."""
+        with self._lock:
+            if history:
+                self._records = sorted((record_to_dict(r) for r in history), key=lambda d: d["step"])
+                self._last_step_by_rank[0] = self._records[-1]["step"]
+            self._summary = summary
+            self._weights = weights
+            self._weight_names = weight_names
+        self._notify("records")
+        default = f"stopped after {self.steps_done} of {self.steps} steps" if stopped else \
+            f"done: {self.steps_done} steps"
+        self.set_status(STOPPED if stopped else DONE, message or default)
+
+    def fail(self, error: DistributedError) -> None:
+        with self._lock:
+            self.error = error
+        self.set_status(FAILED, f"failed: {error.message}")
+
+    # ----- read by users and views -------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True once the run finished, was stopped, or failed."""
+        return self.status in FINISHED
+
+    @property
+    def records(self) -> list[dict]:
+        """Rank 0's step records so far (plain dicts, see :func:`record_to_dict`)."""
+        with self._lock:
+            return list(self._records)
+
+    @property
+    def steps_done(self) -> int:
+        """Steps rank 0 has completed (its last reported step + 1)."""
+        with self._lock:
+            return (self._records[-1]["step"] + 1) if self._records else 0
+
+    @property
+    def progress(self) -> float:
+        """steps_done / steps, in [0, 1]."""
+        return min(1.0, self.steps_done / self.steps) if self.steps > 0 else 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return (self.finished_at or time.time()) - self.started_at
+
+    @property
+    def history(self):
+        """One row per step of rank 0 (columns :data:`HISTORY_COLUMNS`), a pandas DataFrame."""
+        import pandas as pd
+
+        rows = [{c: r.get(c) for c in HISTORY_COLUMNS} for r in self.records]
+        return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+
+    def measured_bytes_by_variable(self) -> dict[str, float]:
+        """Mean measured bytes per step of each variable on rank 0 (sent + received)."""
+        records = self.records
+        totals: dict[str, float] = {}
+        counted = 0
+        for r in records:
+            if r["bytes_by_variable"]:
+                counted += 1
+                for name, value in r["bytes_by_variable"].items():
+                    totals[name] = totals.get(name, 0.0) + value
+        return {name: total / counted for name, total in totals.items()} if counted else {}
+
+    def summary(self) -> dict:
+        """Rank 0's run summary (schema ``parallax_nb.run``); raises if the run has none yet."""
+        if self._summary is None:
+            if self.error is not None:
+                raise self.error
+            from ..errors import ParallaxError
+
+            raise ParallaxError(f"the run has no summary yet (status: {self.status})",
+                                hint="wait for it with run.wait()")
+        return dict(self._summary)
+
+    @property
+    def weights(self) -> list | None:
+        """The trained weights of the single-device model (numpy arrays, model order)."""
+        return self._weights
+
+    @property
+    def model(self):
+        """A single-device Keras model (built with ``job.model()``) holding the trained weights."""
+        if self._model is None:
+            if self._weights is None:
+                from ..errors import ParallaxError
+
+                raise ParallaxError(f"the run has no trained weights (status: {self.status})",
+                                    hint="wait for the run to finish; a failed run has no weights")
+            model = self.job.build_model()
+            model.set_weights(self._weights)
+            self._model = model
+        return self._model
+
+    # ----- actions -----------------------------------------------------------------------------
+    def stop(self, wait: bool = True, timeout: float | None = 60.0) -> "Run":
+        """Ask every engine to stop after its current step; with ``wait``, wait until they did.
+
+        The engines agree on the step to stop at, so no rank is left inside a collective;
+        engines that do not stop within the dispatcher's grace period (< 30 s) are aborted
+        and restarted, leaving the cluster usable.
+        """
+        if not self.done and self._controller is not None:
+            self._controller.request_stop()
+        if wait:
+            self._finished.wait(timeout)
+        return self
+
+    def wait(self, timeout: float | None = None, raise_on_error: bool = True) -> "Run":
+        """Block until the run is finished (or ``timeout`` seconds pass); return self.
+
+        Ctrl-C (KeyboardInterrupt) while waiting stops the run instead of leaving engines
+        busy; a second Ctrl-C aborts them. A failed run raises its :class:`DistributedError`.
+        """
+        try:
+            self._finished.wait(timeout)
+        except KeyboardInterrupt:
+            print("parallax_nb: interrupted, stopping the engines ...", flush=True)
+            try:
+                self.stop(wait=True, timeout=60.0)
+            except KeyboardInterrupt:
+                if self._controller is not None:
+                    self._controller.abort("aborted by a second interrupt")
+                self._finished.wait(60.0)
+        if raise_on_error and self.error is not None:
+            raise self.error
+        return self
+
+    def __repr__(self) -> str:
+        return (f"<Run {self.status}: {self.steps_done}/{self.steps} steps on {self.engines} engines, "
+                f"{self.elapsed_s:.1f} s; {self.message}>")
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        from ..widgets.run_view import RunView
+
+        display(RunView(self))
