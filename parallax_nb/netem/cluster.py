@@ -1,0 +1,237 @@
+"""An emulated cluster on one host: each machine a network namespace on a shaped link.
+
+Why: communication only costs what it costs between machines when the bytes cross a link of
+bounded bandwidth. Here each "machine" is a network namespace whose ``eth0`` (one end of a
+veth pair) joins a private bridge; both ends of the pair are shaped with a ``tc`` token
+bucket to ``bandwidth`` bits/s, so each machine has a full-duplex NIC of that rate. Ranks of
+one machine talk through that namespace's own stack (unshaped, like processes on one host),
+ranks of different machines through the shaped links. ``mpirun`` starts one ``orted`` per
+namespace through an rsh agent that runs its command under ``ip netns exec`` (ranks started
+straight under ``ip netns exec`` cannot reach mpirun's PMIx server).
+
+    with EmulatedCluster(machines=2, workers_per_machine=2, bandwidth="1Gbit/s") as cluster:
+        subprocess.run(["mpirun", "-np", str(cluster.ranks), *cluster.mpirun_args(), "python", "train.py"])
+
+Everything is removed on exit, on an exception, on Ctrl-C and on SIGTERM/SIGHUP; after a
+``kill -9``, ``python -m parallax_nb.netem cleanup`` removes the leftovers.
+"""
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from ..errors import ConfigError, SetupError
+from ..types import format_bandwidth, parse_bandwidth
+from . import links
+from .links import PREFIX, ClusterRecord
+
+AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rsh_agent.sh")
+MAX_MACHINES = 32
+LOCK_PATH = "/run/parallax_nb-netem.lock"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One emulated machine: its namespace (also its hostname for mpirun) and address."""
+
+    index: int
+    namespace: str
+    address: str
+    host_veth: str
+    slots: int
+
+
+class EmulatedCluster:
+    """``machines`` namespaces x ``workers_per_machine`` MPI slots, links of ``bandwidth``.
+
+    ``bandwidth``: e.g. ``"1Gbit/s"``, ``"10Gbit/s"`` (bits per second, see
+    :func:`parallax_nb.types.parse_bandwidth`), or ``None`` for unshaped links.
+    Attributes once entered: ``machines`` (list of :class:`Machine`), ``hostfile`` (path),
+    ``subnet`` (CIDR), ``ranks`` (machines x workers_per_machine).
+    """
+
+    def __init__(self, machines: int = 2, workers_per_machine: int = 1, bandwidth: "str | float | None" = "1Gbit/s"):
+        for name, value in (("machines", machines), ("workers_per_machine", workers_per_machine)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"EmulatedCluster {name} must be a whole number >= 1, got {value!r}")
+        if machines > MAX_MACHINES:
+            raise ConfigError(f"EmulatedCluster machines={machines} is more than {MAX_MACHINES}",
+                              hint="each machine is a network namespace with its own link; use fewer")
+        self.num_machines = machines
+        self.workers_per_machine = workers_per_machine
+        self.bandwidth_bps = None if bandwidth is None else parse_bandwidth(bandwidth)
+        self.cluster_id = secrets.token_hex(2)
+        self.machines: list[Machine] = []
+        self.subnet: str | None = None
+        self.bridge = f"{PREFIX}{self.cluster_id}br"
+        self._workdir: str | None = None
+        self._record: ClusterRecord | None = None
+        self._previous_handlers: dict = {}
+        self._closed = True
+
+    # -- public --------------------------------------------------------------------------------
+
+    @property
+    def ranks(self) -> int:
+        return self.num_machines * self.workers_per_machine
+
+    @property
+    def bandwidth(self) -> str:
+        return "unshaped" if self.bandwidth_bps is None else format_bandwidth(self.bandwidth_bps)
+
+    @property
+    def hostfile(self) -> str:
+        self._require_up()
+        return os.path.join(self._workdir, "hostfile")
+
+    def mpirun_args(self) -> list[str]:
+        """Arguments for ``mpirun`` (before the program) that place ranks on the namespaces.
+
+        Ranks fill machines in order (rank r on machine r // workers_per_machine); MPI's
+        byte transport and its out-of-band channel use only the cluster's subnet; no core
+        binding (the namespaces share the host's cores).
+        """
+        self._require_up()
+        return ["--hostfile", self.hostfile, "--map-by", "slot", "--bind-to", "none",
+                "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
+                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", self.subnet,
+                "--mca", "oob_tcp_if_include", self.subnet]
+
+    def machine_of_rank(self, rank: int) -> Machine:
+        return self.machines[rank // self.workers_per_machine]
+
+    def counters(self) -> dict[str, tuple[int, int]]:
+        """Per machine namespace: (rx_bytes, tx_bytes) its link carried so far (the kernel's count)."""
+        self._require_up()
+        return {m.namespace: links.interface_counters(m.host_veth)[::-1] for m in self.machines}
+
+    def up(self) -> "EmulatedCluster":
+        """Create the namespaces, links and bridge (``with`` does this for you)."""
+        links.check_privileges()
+        if shutil.which("mpirun") is None:
+            raise SetupError("mpirun (Open MPI) is not on PATH", hint="apt-get install openmpi-bin")
+        self._closed = False
+        self._install_signal_handlers()
+        atexit.register(self.down)
+        try:
+            with open(LOCK_PATH, "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._reserve()
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> list[str]:
+        """Remove everything this cluster created; safe to call twice."""
+        if self._closed:
+            return []
+        self._closed = True
+        removed = links.remove(self._record) if self._record is not None else []
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        self._restore_signal_handlers()
+        atexit.unregister(self.down)
+        return removed
+
+    def __enter__(self) -> "EmulatedCluster":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def __repr__(self) -> str:
+        state = "down" if self._closed else f"up on {self.subnet}"
+        return (f"EmulatedCluster({self.num_machines} machines x {self.workers_per_machine} workers, "
+                f"{self.bandwidth}, {state})")
+
+    # -- construction --------------------------------------------------------------------------
+
+    def _reserve(self) -> None:
+        """Pick a free 10.213.K.0/24 and write the record before creating anything."""
+        used = links.used_subnets()
+        for k in range(1, 255):
+            subnet = f"{links.SUBNET_FIRST_OCTETS}.{k}.0/24"
+            if subnet not in used:
+                break
+        else:
+            raise SetupError("emulated cluster: no free 10.213.K.0/24 subnet",
+                             hint="remove leftovers with `python -m parallax_nb.netem cleanup`")
+        self.subnet = subnet
+        base = subnet.rsplit(".", 1)[0]
+        self.machines = [
+            Machine(i, f"{PREFIX}{self.cluster_id}m{i}", f"{base}.{i + 2}", f"{PREFIX}{self.cluster_id}v{i}",
+                    self.workers_per_machine)
+            for i in range(self.num_machines)
+        ]
+        self._record = ClusterRecord(self.cluster_id, os.getpid(), self.bridge, subnet,
+                                     tuple(m.namespace for m in self.machines),
+                                     tuple(m.host_veth for m in self.machines))
+        self._record.save()
+
+    def _build(self) -> None:
+        run = links.run
+        base = self.subnet.rsplit(".", 1)[0]
+        run("ip", "link", "add", self.bridge, "type", "bridge")
+        run("ip", "addr", "add", f"{base}.1/24", "dev", self.bridge)  # mpirun's own address
+        run("ip", "link", "set", self.bridge, "up")
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{m.address} {m.namespace}\n" for m in self.machines)
+        for m in self.machines:
+            peer = f"{PREFIX}{self.cluster_id}p{m.index}"
+            run("ip", "netns", "add", m.namespace)
+            etc = os.path.join(links.NETNS_ETC, m.namespace)
+            os.makedirs(etc, exist_ok=True)
+            with open(os.path.join(etc, "hosts"), "w") as f:
+                f.write(hosts)
+            run("ip", "link", "add", m.host_veth, "type", "veth", "peer", "name", peer)
+            run("ip", "link", "set", peer, "netns", m.namespace)
+            run("ip", "link", "set", m.host_veth, "master", self.bridge)
+            run("ip", "link", "set", m.host_veth, "up")
+            run("ip", "link", "set", "lo", "up", netns=m.namespace)
+            run("ip", "link", "set", peer, "name", "eth0", netns=m.namespace)
+            run("ip", "addr", "add", f"{m.address}/24", "dev", "eth0", netns=m.namespace)
+            run("ip", "link", "set", "eth0", "up", netns=m.namespace)
+            if self.bandwidth_bps is not None:
+                tbf = links.tbf_args(self.bandwidth_bps)
+                run("tc", "qdisc", "replace", "dev", "eth0", "root", *tbf, netns=m.namespace)  # upload
+                run("tc", "qdisc", "replace", "dev", m.host_veth, "root", *tbf)  # download
+        self._workdir = tempfile.mkdtemp(prefix=f"{PREFIX}{self.cluster_id}-")
+        with open(os.path.join(self._workdir, "hostfile"), "w") as f:
+            f.writelines(f"{m.namespace} slots={m.slots}\n" for m in self.machines)
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM/SIGHUP become SystemExit so ``with`` blocks unwind and remove the cluster."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous = signal.getsignal(sig)
+            if previous in (signal.SIG_DFL, None):
+                self._previous_handlers[sig] = previous
+                signal.signal(sig, _raise_system_exit)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, previous in self._previous_handlers.items():
+            if signal.getsignal(sig) is _raise_system_exit:
+                signal.signal(sig, previous or signal.SIG_DFL)
+        self._previous_handlers.clear()
+
+    def _require_up(self) -> None:
+        if self._closed or self._workdir is None:
+            raise SetupError("the emulated cluster is not up",
+                             hint="use it inside `with EmulatedCluster(...) as cluster:` or call .up() first")
+
+
+def _raise_system_exit(signum, frame):
+    raise SystemExit(128 + signum)

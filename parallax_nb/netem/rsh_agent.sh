@@ -1,0 +1,7 @@
+#!/bin/sh
+# Open MPI rsh agent for the emulated cluster: "rsh_agent.sh HOST COMMAND..." runs COMMAND
+# (the orted launch line, a shell string) inside the network namespace named HOST.
+# mpirun passes the hostfile's name as HOST; the namespace carries the same name.
+host="$1"
+shift
+exec ip netns exec "$host" /bin/sh -c "$*"
