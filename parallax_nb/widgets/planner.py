@@ -1,0 +1,362 @@
+"""The planner model: a profile, a cluster, an architecture and per-variable overrides in; a Plan
+and its estimated cost out. No widgets here: :class:`~parallax_nb.widgets.PlannerView` observes
+this object, and tests drive it by setting values and reading state.
+
+Every change recomputes, in this order (all pure Python, milliseconds):
+
+1. ``ClusterSpec.create(machines, workers_per_machine, bandwidth, latency_s, local_aggregation)``
+2. ``plan = make_plan(profile, cluster, architecture, partitions)``, then the per-variable
+   method overrides (``plan.with_methods``)
+3. ``estimate(profile, plan)`` for the plan, and ``compare_architectures(profile, cluster)`` for
+   the whole-model baselines AR, PS, HYBRID and AUTO.
+
+Speedups compare estimated step times: ``speedup_vs_ar = t_step(AR) / t_step(plan)`` (> 1 means
+the plan is faster than allreducing everything), likewise ``speedup_vs_ps``.
+
+Bad input (0 machines, a bandwidth of ``"fast"``) does not raise from a change: the planner
+keeps the last valid plan and estimates, and records the problem in :attr:`Planner.error`, which
+the view shows. Only the inputs given when the planner is created must be valid (there is no
+earlier plan to keep), and :meth:`Planner.check` raises the recorded error for scripts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from ..errors import ConfigError, ParallaxError, PlanError
+from ..types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
+
+Observer = Callable[["Planner"], None]
+
+CLUSTER_FIELDS = ("machines", "workers_per_machine", "bandwidth", "latency_s", "local_aggregation")
+SETTABLE = CLUSTER_FIELDS + ("architecture",)
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """What the user asked for, valid or not. ``bandwidth`` is kept as typed (``"10Gbit/s"``)
+    so that a view shows the text back unchanged; ``partitions`` and ``methods`` are the
+    per-variable overrides (variable name -> partition count / method)."""
+
+    machines: Any = 1
+    workers_per_machine: Any = 1
+    bandwidth: Any = "10Gbit/s"
+    latency_s: Any = 25e-6
+    local_aggregation: Any = True
+    architecture: Any = Architecture.AUTO
+    partitions: Mapping[str, Any] = field(default_factory=dict)
+    methods: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannerResult:
+    """One consistent, valid computation: the inputs it came from and everything derived."""
+
+    inputs: PlannerInputs
+    cluster: ClusterSpec
+    architecture: Architecture
+    plan: Any            # parallax_nb.plan.Plan
+    estimate: Any        # parallax_nb.cost.Estimate of ``plan``
+    estimates: dict      # Architecture (and SPARSE_AS_DENSE) -> Estimate, the whole-model baselines
+
+
+def _as_int(name: str, value: Any) -> int:
+    """Whole numbers from widgets and users (``8``, ``8.0``, ``"8"``); anything else is a ConfigError."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        return int(value.strip())
+    raise ConfigError(f"{name} must be a whole number, got {value!r}", hint=f"type {name} like 8")
+
+
+def _as_bandwidth_text(value: Any) -> Any:
+    return value.strip() if isinstance(value, str) else value
+
+
+def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
+    """Compute everything from ``inputs``; raises a ParallaxError naming the first bad input."""
+    from ..cost import compare_architectures, estimate
+    from ..plan import make_plan
+
+    cluster = ClusterSpec.create(
+        machines=_as_int("machines", inputs.machines),
+        workers_per_machine=_as_int("workers per machine", inputs.workers_per_machine),
+        bandwidth=_as_bandwidth_text(inputs.bandwidth),
+        latency_s=inputs.latency_s,
+        local_aggregation=bool(inputs.local_aggregation),
+    )
+    architecture = Architecture.parse(inputs.architecture)
+    known = set(profile.names)
+    for kind, overrides in (("partition", inputs.partitions), ("method", inputs.methods)):
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise PlanError(f"{kind} override for unknown variable(s) {unknown}",
+                            hint=f"variables of {profile.model_name}: {profile.names}")
+    partitions = {}
+    for name, p in inputs.partitions.items():
+        p = _as_int(f"partitions of {name}", p)
+        if p < 1:
+            raise PlanError(f"partitions of {name} must be >= 1, got {p}",
+                            hint="1 keeps the variable whole; P > 1 splits it across P servers")
+        partitions[name] = p
+    methods = {}
+    for name, m in inputs.methods.items():
+        try:
+            methods[name] = m if isinstance(m, Method) else Method(str(m).strip().lower())
+        except ValueError:
+            raise PlanError(f"unknown method {m!r} for {name}", hint="choose 'ps' or 'ar'") from None
+    plan = make_plan(profile, cluster, architecture, partitions=partitions or None)
+    if methods:   # partitions again: a variable switched to PS keeps the partitions asked for
+        plan = plan.with_methods(methods, partitions={n: p for n, p in partitions.items() if n in methods})
+    return PlannerResult(inputs=inputs, cluster=cluster, architecture=architecture, plan=plan,
+                         estimate=estimate(profile, plan), estimates=dict(compare_architectures(profile, cluster)))
+
+
+class Planner:
+    """Interactive planning for one profile: change any input, read the recomputed plan and costs.
+
+    Inputs (read and write): ``machines``, ``workers_per_machine``, ``bandwidth`` (text with
+    units, e.g. ``"100Gbit/s"``), ``latency_s``, ``local_aggregation``, ``architecture``
+    (``"ar" | "ps" | "hybrid" | "auto"``), plus per-variable overrides through
+    :meth:`set_partitions` and :meth:`set_method`. ``set(**changes)`` applies several at once
+    and recomputes once.
+
+    Results (read only, always from the last valid inputs): ``plan``, ``estimate`` (of the
+    plan), ``estimates`` (per whole-model architecture), ``table``, ``comm_time_s``,
+    ``step_time_s``, ``speedup_vs_ar``, ``speedup_vs_ps``, ``cluster``. ``error`` is the
+    problem with the latest inputs (None when they are valid).
+    """
+
+    def __init__(self, profile: Profile, cluster: ClusterSpec | None = None,
+                 architecture: "str | Architecture" = "auto", **cluster_kwargs):
+        if not isinstance(profile, Profile):
+            raise ConfigError(f"plan() needs a parallax_nb Profile, got {type(profile).__name__}",
+                              hint="profile first: prof = px.profile(job, steps=20); px.plan(prof, ...)")
+        unknown = set(cluster_kwargs) - set(CLUSTER_FIELDS) - {"partitions", "methods"}
+        if unknown:
+            raise ConfigError(f"unknown planner option(s) {sorted(unknown)}",
+                              hint=f"choose among {list(CLUSTER_FIELDS)}, partitions, methods")
+        base = cluster or ClusterSpec(machines=1)
+        if not isinstance(base, ClusterSpec):
+            raise ConfigError(f"cluster must be a ClusterSpec, got {type(base).__name__}",
+                              hint='build one with px.ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
+        values = dict(machines=base.machines, workers_per_machine=base.workers_per_machine,
+                      bandwidth=base.bandwidth, latency_s=base.latency_s,
+                      local_aggregation=base.local_aggregation, architecture=architecture)
+        values.update(cluster_kwargs)
+        self.profile = profile
+        self._observers: list[Observer] = []
+        self._inputs = PlannerInputs(**{**values, "partitions": dict(values.get("partitions") or {}),
+                                        "methods": dict(values.get("methods") or {})})
+        self._result = _build(profile, self._inputs)   # invalid initial inputs raise here
+        self.error: ParallaxError | None = None
+
+    # ----------------------------------------------------------------- changing inputs
+    def set(self, **changes) -> "Planner":
+        """Apply input changes and recompute once. Invalid inputs set :attr:`error` and keep
+        the previous valid results; observers are called either way."""
+        unknown = set(changes) - set(SETTABLE)
+        if unknown:
+            raise ConfigError(f"cannot set {sorted(unknown)} on a Planner", hint=f"settable: {list(SETTABLE)}")
+        return self._apply(replace(self._inputs, **changes))
+
+    def set_partitions(self, variable: str, partitions: int | None) -> "Planner":
+        """Split ``variable`` into ``partitions`` parts on the servers (None: back to the plan's choice)."""
+        overrides = dict(self._inputs.partitions)
+        if partitions is None:
+            overrides.pop(variable, None)
+        else:
+            overrides[variable] = partitions
+        return self._apply(replace(self._inputs, partitions=overrides))
+
+    def set_method(self, variable: str, method: "str | Method | None") -> "Planner":
+        """Force ``variable`` to ``"ps"`` or ``"ar"`` whatever the architecture (None: no override)."""
+        overrides = dict(self._inputs.methods)
+        if method is None:
+            overrides.pop(variable, None)
+        else:
+            overrides[variable] = method
+        return self._apply(replace(self._inputs, methods=overrides))
+
+    def reset_overrides(self) -> "Planner":
+        return self._apply(replace(self._inputs, partitions={}, methods={}))
+
+    def _apply(self, inputs: PlannerInputs) -> "Planner":
+        self._inputs = inputs
+        try:
+            self._result = _build(self.profile, inputs)
+            self.error = None
+        except ParallaxError as e:
+            self.error = e
+        self._notify()
+        return self
+
+    def check(self) -> "Planner":
+        """Raise the problem with the latest inputs, if any (for scripts; views show it instead)."""
+        if self.error is not None:
+            raise self.error
+        return self
+
+    # ----------------------------------------------------------------- observers
+    def observe(self, callback: Observer) -> Observer:
+        """Call ``callback(planner)`` after every recomputation (valid or not)."""
+        self._observers.append(callback)
+        return callback
+
+    def unobserve(self, callback: Observer) -> None:
+        if callback in self._observers:
+            self._observers.remove(callback)
+
+    def _notify(self) -> None:
+        for callback in list(self._observers):
+            callback(self)
+
+    # ----------------------------------------------------------------- inputs as attributes
+    @property
+    def inputs(self) -> PlannerInputs:
+        """The latest inputs, exactly as given (possibly invalid: see :attr:`error`)."""
+        return self._inputs
+
+    machines = property(lambda self: self._inputs.machines, lambda self, v: self.set(machines=v))
+    workers_per_machine = property(lambda self: self._inputs.workers_per_machine,
+                                   lambda self, v: self.set(workers_per_machine=v))
+    bandwidth = property(lambda self: self._inputs.bandwidth, lambda self, v: self.set(bandwidth=v))
+    latency_s = property(lambda self: self._inputs.latency_s, lambda self, v: self.set(latency_s=v))
+    local_aggregation = property(lambda self: self._inputs.local_aggregation,
+                                 lambda self, v: self.set(local_aggregation=v))
+    architecture = property(lambda self: self._inputs.architecture, lambda self, v: self.set(architecture=v))
+
+    @property
+    def partitions(self) -> dict:
+        """Per-variable partition overrides."""
+        return dict(self._inputs.partitions)
+
+    @property
+    def methods(self) -> dict:
+        """Per-variable method overrides."""
+        return dict(self._inputs.methods)
+
+    # ----------------------------------------------------------------- results
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def result(self) -> PlannerResult:
+        return self._result
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self._result.cluster
+
+    @property
+    def plan(self):
+        """The Plan of the last valid inputs (hand it to ``px.run``)."""
+        return self._result.plan
+
+    @property
+    def estimate(self):
+        """Estimated cost of :attr:`plan` (parallax_nb.cost.Estimate)."""
+        return self._result.estimate
+
+    @property
+    def estimates(self) -> dict:
+        """Estimated cost of each whole-model architecture (AR, PS, HYBRID, AUTO) on :attr:`cluster`."""
+        return dict(self._result.estimates)
+
+    @property
+    def comm_time_s(self) -> float:
+        return self.estimate.comm_time_s
+
+    @property
+    def step_time_s(self) -> float:
+        return self.estimate.step_time_s
+
+    @property
+    def bytes_per_machine_per_step(self) -> float:
+        return self.estimate.bytes_per_machine_per_step
+
+    def speedup_vs(self, architecture: "str | Architecture") -> float:
+        """``t_step(architecture) / t_step(plan)``: how much faster the plan is than that baseline."""
+        key = architecture if architecture == SPARSE_AS_DENSE else Architecture.parse(architecture)
+        baseline = self._result.estimates[key]
+        return baseline.step_time_s / self.step_time_s if self.step_time_s > 0 else float("inf")
+
+    @property
+    def speedup_vs_ar(self) -> float:
+        """``t_step(all AR) / t_step(plan)``."""
+        return self.speedup_vs(Architecture.AR)
+
+    @property
+    def speedup_vs_ps(self) -> float:
+        """``t_step(all PS) / t_step(plan)``."""
+        return self.speedup_vs(Architecture.PS)
+
+    @property
+    def table(self):
+        """One row per variable (index: name): kind, size_bytes, alpha, ps_bytes_per_step,
+        ar_bytes_per_step (bytes per machine per step under each method), method (the plan's
+        choice) and partitions. A view of :attr:`plan`, recomputed with it."""
+        import pandas as pd
+
+        rows = [{
+            "name": v.name,
+            "kind": getattr(v.kind, "value", v.kind),
+            "size_bytes": v.size_bytes,
+            "alpha": v.alpha,
+            "ps_bytes_per_step": v.ps_bytes_per_step,
+            "ar_bytes_per_step": v.ar_bytes_per_step,
+            "method": getattr(v.method, "value", v.method),
+            "partitions": v.partitions,
+        } for v in self.plan.variables]
+        columns = ["name", "kind", "size_bytes", "alpha", "ps_bytes_per_step", "ar_bytes_per_step",
+                   "method", "partitions"]
+        return pd.DataFrame(rows, columns=columns).set_index("name")
+
+    # ----------------------------------------------------------------- display
+    def summary(self) -> str:
+        r = self._result
+        lines = [
+            f"Planner for {self.profile.model_name} on {r.cluster} -- architecture {r.architecture.value}",
+            f"  estimated communication {self.comm_time_s * 1e3:.2f} ms/step, step {self.step_time_s * 1e3:.2f} ms, "
+            f"{format_bytes(self.bytes_per_machine_per_step)} per machine per step",
+            f"  speedup vs all-AR {self.speedup_vs_ar:.2f}x, vs all-PS {self.speedup_vs_ps:.2f}x",
+        ]
+        if self.error is not None:
+            lines.append(f"  ERROR in latest inputs (showing the last valid plan): {self.error}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _ipython_display_(self):
+        from IPython.display import display
+
+        from .planner_view import PlannerView
+
+        display(PlannerView(self))
+
+
+def plan(profile: Profile, cluster: ClusterSpec | None = None, architecture: "str | Architecture" = "auto",
+         **cluster_kwargs) -> Planner:
+    """Plan ``profile`` for a cluster; returns a :class:`Planner` that shows itself as a widget.
+
+    ``px.plan(prof, machines=8, workers_per_machine=6, bandwidth="100Gbit/s")`` or
+    ``px.plan(prof, px.ClusterSpec.create(8, 6, "100Gbit/s"), architecture="hybrid")``; keyword
+    arguments override the fields of ``cluster``. ``planner.plan`` is the Plan to run.
+    """
+    return Planner(profile, cluster, architecture, **cluster_kwargs)
+
+
+def describe_inputs(inputs: PlannerInputs) -> str:
+    """One line naming the inputs (for error notes in views)."""
+    bandwidth = inputs.bandwidth
+    if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
+        bandwidth = format_bandwidth(bandwidth)
+    return (f"{inputs.machines} machine(s) x {inputs.workers_per_machine} worker(s), {bandwidth}, "
+            f"architecture {getattr(inputs.architecture, 'value', inputs.architecture)}")
