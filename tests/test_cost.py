@@ -1,0 +1,274 @@
+"""The cost model against hand-worked numbers (DESIGN.md §6), local aggregation, estimates."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from parallax_nb.cost import (SPARSE_AS_DENSE, compare_architectures, estimate, step_time_curve,
+                              step_time_curves, variable_cost)
+from parallax_nb.errors import ConfigError, PlanError
+from parallax_nb.plan import make_plan, plan_for_kinds
+from parallax_nb.types import Architecture, ClusterSpec, Kind, Method, Profile, VariableProfile
+
+from conftest import REPO
+
+BYTE = 0.5  # "to the byte": the model's real-valued figure within half a byte of the hand figure
+
+
+def sparse_var(name="emb", rows=100_000, width=64, alpha=0.01, unions=None):
+    """A float32 (rows x width) table touched at ``alpha``; ``unions``: union rows for G = 1, 2, ..."""
+    size = rows * width * 4
+    touched = alpha * rows
+    return VariableProfile(name=name, shape=(rows, width), dtype="float32", size_bytes=size, kind=Kind.SPARSE,
+                           rows_touched_mean=touched, alpha_mean=alpha, alpha_p50=alpha, alpha_p95=alpha,
+                           alpha_max=alpha, grad_bytes_per_step=touched * (width * 4 + 8),
+                           union_rows_by_workers=tuple(unions) if unions is not None else (touched,))
+
+
+def dense_var(name="dense/kernel", shape=(64, 64)):
+    size = math.prod(shape) * 4
+    return VariableProfile(name=name, shape=shape, dtype="float32", size_bytes=size, kind=Kind.DENSE,
+                           rows_touched_mean=shape[0], alpha_mean=1.0, alpha_p50=1.0, alpha_p95=1.0, alpha_max=1.0,
+                           grad_bytes_per_step=size)
+
+
+def lm_profile(step_time_s=0.01):
+    """LM1B-shaped: a large sparse embedding and softmax (weights + bias), a dense LSTM and projection."""
+    vocab = 50_000
+    return Profile(model_name="lm_like", batch_size=64, steps=20, step_time_s=step_time_s, peak_memory_bytes=0,
+                   variables=(
+                       sparse_var("embedding", rows=vocab, width=128, alpha=0.02,
+                                  unions=[1000 * (1 + 0.8 * g) for g in range(8)]),
+                       dense_var("lstm/kernel", (256, 512)),
+                       dense_var("lstm/bias", (512,)),
+                       dense_var("projection/kernel", (128, 128)),
+                       sparse_var("softmax_w", rows=vocab, width=128, alpha=0.03,
+                                  unions=[1500 * (1 + 0.7 * g) for g in range(8)]),
+                       sparse_var("softmax_b", rows=vocab, width=1, alpha=0.03,
+                                  unions=[1500 * (1 + 0.7 * g) for g in range(8)]),
+                   ))
+
+
+# ----------------------------------------------------------------------------- hand-worked
+
+
+def test_hand_worked_sparse_and_dense_figures_to_the_byte():
+    """m = 100,000 x 64 float32 = 25,600,000 B, alpha = 0.01 (1,000 rows), N = 8 machines, G = 1.
+
+    PS  = 4·α·m·(N−1)/N + 2·8·α·R·(N−1)/N = 4·256,000·7/8 + 16·1,000·7/8 = 896,000 + 14,000 = 910,000
+    AR  = 2·α·m·(N−1) + 2·8·α·R·(N−1)      = 2·256,000·7 + 16·1,000·7     = 3,584,000 + 112,000 = 3,696,000
+    sparse-as-dense = 4·m·(N−1)/N = 4·25,600,000·7/8 = 89,600,000
+    dense 64x64 float32 (16,384 B): PS = AR = 4·16,384·7/8 = 57,344
+    """
+    cluster = ClusterSpec(machines=8)
+    c = variable_cost(sparse_var(), cluster)
+    assert c.participants == 8 and c.participants_per_machine == 1 and c.alpha == pytest.approx(0.01)
+    assert c.ps_bytes_per_step == pytest.approx(910_000, abs=BYTE)
+    assert c.ps_index_bytes_per_step == pytest.approx(14_000, abs=BYTE)
+    assert c.ar_bytes_per_step == pytest.approx(3_696_000, abs=BYTE)
+    assert c.ar_index_bytes_per_step == pytest.approx(112_000, abs=BYTE)
+    assert c.sparse_as_dense_bytes_per_step == pytest.approx(89_600_000, abs=BYTE)
+    assert c.cheaper_method is Method.PS
+    d = variable_cost(dense_var(), cluster)
+    assert d.ps_bytes_per_step == pytest.approx(57_344, abs=BYTE)
+    assert d.ar_bytes_per_step == pytest.approx(57_344, abs=BYTE)
+    assert d.ps_index_bytes_per_step == d.ar_index_bytes_per_step == 0
+    assert d.cheaper_method is Method.AR  # a tie goes to AR
+
+
+@pytest.mark.parametrize("machines", [2, 3, 8, 64])
+@pytest.mark.parametrize("alpha", [0.001, 0.3])
+def test_figures_equal_the_documented_formulas(machines, alpha):
+    var = sparse_var(alpha=alpha)
+    m, rows, n = var.size_bytes, var.rows, machines
+    c = variable_cost(var, ClusterSpec(machines=machines))
+    assert c.ps_bytes_per_step == pytest.approx(4 * alpha * m * (n - 1) / n + 2 * 8 * alpha * rows * (n - 1) / n,
+                                                abs=BYTE)
+    assert c.ar_bytes_per_step == pytest.approx(2 * alpha * m * (n - 1) + 2 * 8 * alpha * rows * (n - 1), abs=BYTE)
+    assert c.sparse_as_dense_bytes_per_step == pytest.approx(4 * m * (n - 1) / n, abs=BYTE)
+    # the values' AR/PS ratio is N/2: why PS wins for sparse variables as N grows
+    ar_values = c.ar_bytes_per_step - c.ar_index_bytes_per_step
+    ps_values = c.ps_bytes_per_step - c.ps_index_bytes_per_step
+    assert ar_values / ps_values == pytest.approx(n / 2)
+    assert (c.ps_messages_per_step, c.ar_messages_per_step) == (3 * (n - 1), 2 * (n - 1))
+
+
+@pytest.mark.parametrize("local_aggregation", [True, False])
+def test_one_machine_moves_nothing(local_aggregation):
+    cluster = ClusterSpec(machines=1, workers_per_machine=4, local_aggregation=local_aggregation)
+    for var in (sparse_var(unions=[1000, 1900, 2700, 3400]), dense_var()):
+        c = variable_cost(var, cluster)
+        assert (c.ps_bytes_per_step, c.ar_bytes_per_step, c.sparse_as_dense_bytes_per_step) == (0, 0, 0)
+        assert (c.ps_messages_per_step, c.ar_messages_per_step) == (0, 0)
+        assert c.cheaper_method is Method.AR
+    prof = lm_profile()
+    for key, est in compare_architectures(prof, cluster).items():
+        assert est.bytes_per_machine_per_step == 0 and est.messages_per_step == 0, key
+        assert est.step_time_s == prof.step_time_s
+
+
+# ----------------------------------------------------------------------------- local aggregation
+
+
+def test_local_aggregation_sends_the_measured_union_of_the_machines_rows():
+    """R = 100,000, m = 25,600,000 B; G = 4 workers touch 1,000 rows each but 3,400 as a union.
+
+    With local aggregation (N = 4, participants = machines, alpha_4 = 0.034):
+      PS = 4·0.034·m·3/4 + 16·3,400·3/4 = 2,611,200 + 40,800 = 2,652,000
+      AR = 2·0.034·m·3   + 16·3,400·3   = 5,222,400 + 163,200 = 5,385,600
+      dense (16,384 B) = 4·16,384·3/4 = 49,152 (workers combined inside the machine)
+    """
+    unions = [1000, 1900, 2700, 3400]
+    var = sparse_var(unions=unions)
+    c = variable_cost(var, ClusterSpec(machines=4, workers_per_machine=4))
+    assert c.alpha == pytest.approx(0.034) and (c.participants, c.participants_per_machine) == (4, 1)
+    assert c.ps_bytes_per_step == pytest.approx(2_652_000, abs=BYTE)
+    assert c.ar_bytes_per_step == pytest.approx(5_385_600, abs=BYTE)
+    assert variable_cost(dense_var(), ClusterSpec(machines=4, workers_per_machine=4)).ar_bytes_per_step == \
+        pytest.approx(49_152, abs=BYTE)
+
+
+def test_without_local_aggregation_every_worker_communicates():
+    """Same variable, N = 4, G = 4, no local aggregation: W = 16 participants with alpha_1 = 0.01,
+    4 per machine, share leaving the machine r = (16-4)/15.
+
+      PS = G·r·[4·α·m·15/16 + 16·α·R·15/16] = 4·α·m·3/4·4 + 16·α·R·3/4·4 = 3,072,000 + 48,000 = 3,120,000
+      AR = G·r·[2·α·m·15 + 16·α·R·15]       = 2·G²·α·m·3 + 16·G²·α·R·3  = 24,576,000 + 768,000 = 25,344,000
+      dense (16,384 B) = G·r·4·m·15/16 = 4·16,384·3/4·4 = 196,608
+    """
+    var = sparse_var(unions=[1000, 1900, 2700, 3400])
+    cluster = ClusterSpec(machines=4, workers_per_machine=4, local_aggregation=False)
+    c = variable_cost(var, cluster)
+    assert c.alpha == pytest.approx(0.01) and (c.participants, c.participants_per_machine) == (16, 4)
+    assert c.ps_bytes_per_step == pytest.approx(3_120_000, abs=BYTE)
+    assert c.ar_bytes_per_step == pytest.approx(25_344_000, abs=BYTE)
+    assert (c.ps_messages_per_step, c.ar_messages_per_step) == (45, 30)
+    assert variable_cost(dense_var(), cluster).ar_bytes_per_step == pytest.approx(196_608, abs=BYTE)
+    # local aggregation never sends more than the workers separately (the union <= G x alpha)
+    with_la = variable_cost(var, cluster.replace(local_aggregation=True))
+    assert with_la.ps_bytes_per_step < c.ps_bytes_per_step and with_la.ar_bytes_per_step < c.ar_bytes_per_step
+
+
+def test_one_worker_per_machine_is_the_same_with_or_without_local_aggregation():
+    var = sparse_var(unions=[1000, 1900])
+    a = variable_cost(var, ClusterSpec(machines=5, workers_per_machine=1, local_aggregation=True))
+    b = variable_cost(var, ClusterSpec(machines=5, workers_per_machine=1, local_aggregation=False))
+    assert a == b
+
+
+# ----------------------------------------------------------------------------- estimates
+
+
+def test_estimate_turns_bytes_and_rounds_into_time():
+    """Two dense variables fused into one allreduce (2·(N−1) rounds) plus the embedding's PS rounds."""
+    prof = Profile("toy", batch_size=32, steps=20, step_time_s=0.010, peak_memory_bytes=0,
+                   variables=(sparse_var(), dense_var("a"), dense_var("b")))
+    cluster = ClusterSpec.create(machines=8, bandwidth="8Gbit/s", latency_s=10e-6)
+    plan = make_plan(prof, cluster, "hybrid")
+    est = estimate(prof, plan)
+    total = 910_000 + 2 * 57_344
+    assert est.bytes_per_machine_per_step == pytest.approx(total, abs=BYTE)
+    assert est.ps_bytes_per_machine_per_step == pytest.approx(910_000, abs=BYTE)
+    assert est.ar_bytes_per_machine_per_step == pytest.approx(2 * 57_344, abs=BYTE)
+    assert est.index_bytes_per_machine_per_step == pytest.approx(14_000, abs=BYTE)
+    assert est.messages_per_step == 3 * 7 + 2 * 7
+    assert est.transfer_time_s == pytest.approx(total / 1e9)  # 8 Gbit/s = 1e9 bytes/s
+    assert est.latency_time_s == pytest.approx(35 * 10e-6)
+    assert est.comm_time_s == pytest.approx(est.transfer_time_s + est.latency_time_s)
+    assert est.step_time_s == pytest.approx(0.010 + est.comm_time_s)
+    assert est.examples_per_s == pytest.approx(8 * 32 / est.step_time_s)
+    ests = compare_architectures(prof, cluster)
+    assert est.speedup_vs_ar == pytest.approx(ests[Architecture.AR].step_time_s / est.step_time_s)
+    assert est.speedup_vs_ps == pytest.approx(ests[Architecture.PS].step_time_s / est.step_time_s)
+    assert est.bytes_by_variable()["emb"] == pytest.approx(910_000, abs=BYTE)
+
+
+def test_compare_architectures_on_an_lm_shaped_profile():
+    prof = lm_profile()
+    cluster = ClusterSpec.create(machines=8, workers_per_machine=2, bandwidth="10Gbit/s")
+    ests = compare_architectures(prof, cluster)
+    assert set(ests) == {Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO, SPARSE_AS_DENSE}
+    assert ests["hybrid"] is ests[Architecture.HYBRID]  # str-valued keys
+    costs = [variable_cost(v, cluster) for v in prof.variables]
+    assert ests[Architecture.AR].bytes_per_machine_per_step == pytest.approx(sum(c.ar_bytes_per_step for c in costs))
+    assert ests[Architecture.PS].bytes_per_machine_per_step == pytest.approx(sum(c.ps_bytes_per_step for c in costs))
+    assert ests[SPARSE_AS_DENSE].bytes_per_machine_per_step == pytest.approx(
+        sum(4 * v.size_bytes * 7 / 8 for v in prof.variables))
+    auto = ests[Architecture.AUTO]
+    assert auto.bytes_per_machine_per_step == pytest.approx(sum(min(c.ps_bytes_per_step, c.ar_bytes_per_step)
+                                                                for c in costs))
+    assert auto.bytes_per_machine_per_step == pytest.approx(ests[Architecture.HYBRID].bytes_per_machine_per_step)
+    assert ests[Architecture.AR].speedup_vs_ar == 1.0 and ests[Architecture.PS].speedup_vs_ps == 1.0
+    assert auto.speedup_vs_ar > 1.0 and ests[SPARSE_AS_DENSE].speedup_vs_ar < 1.0
+    assert auto.sparse_bytes_per_machine_per_step + auto.dense_bytes_per_machine_per_step == \
+        pytest.approx(auto.bytes_per_machine_per_step)
+
+
+def test_step_time_curve_starts_at_compute_time_and_auto_moves_least():
+    prof = lm_profile()
+    cluster = ClusterSpec.create(machines=8, bandwidth="1Gbit/s", latency_s=0.0)
+    curve = step_time_curve(prof, cluster, "auto", machines=range(1, 65))
+    assert [n for n, _ in curve] == list(range(1, 65))
+    assert curve[0][1] == pytest.approx(prof.step_time_s)
+    curves = step_time_curves(prof, cluster, machines=[1, 2, 16, 64])
+    assert set(curves["step_time_s"]) == {"ar", "ps", "hybrid", "auto", SPARSE_AS_DENSE}
+    for i, n in enumerate(curves["machines"]):
+        times = {k: v[i] for k, v in curves["step_time_s"].items()}
+        assert times["auto"] <= min(times["ar"], times["ps"]) + 1e-12, n  # no latency: time ~ bytes
+    assert curves["step_time_s"]["auto"][1:] == [t for _, t in step_time_curve(prof, cluster, "auto", [2, 16, 64])]
+    with pytest.raises(ConfigError, match="empty"):
+        step_time_curve(prof, cluster, "auto", machines=[])
+
+
+# ----------------------------------------------------------------------------- AUTO choices
+
+
+@pytest.mark.parametrize("machines", [2, 4, 8, 64])
+@pytest.mark.parametrize("local_aggregation", [True, False])
+def test_auto_picks_ps_for_sparse_and_ar_for_dense(machines, local_aggregation):
+    prof = lm_profile()
+    plan = make_plan(prof, ClusterSpec(machines=machines, workers_per_machine=2, local_aggregation=local_aggregation))
+    for v in prof.variables:
+        assert plan.method(v.name) is (Method.PS if v.is_sparse else Method.AR), v.name
+
+
+def test_auto_on_one_machine_keeps_everything_ar():
+    plan = make_plan(lm_profile(), ClusterSpec(machines=1, workers_per_machine=4))
+    assert plan.ps_variables == () and set(plan.ar_variables) == set(lm_profile().names)
+
+
+def test_a_sparse_variable_touched_everywhere_still_prefers_ps_by_its_indices():
+    """alpha = 1 at N = 2: the values tie (PS 4·m·1/2 = AR 2·m·1) and the indices decide:
+    PS sends them once to the owners (2·8·R·1/2 = 8R), AR allgathers them (2·8·R·1 = 16R)."""
+    var = sparse_var(alpha=1.0)
+    c = variable_cost(var, ClusterSpec(machines=2))
+    assert c.ps_bytes_per_step == pytest.approx(2 * var.size_bytes + 8 * var.rows)
+    assert c.ar_bytes_per_step == pytest.approx(2 * var.size_bytes + 16 * var.rows)
+    assert c.cheaper_method is Method.PS
+
+
+# ----------------------------------------------------------------------------- errors, purity
+
+
+def test_estimate_errors_name_the_problem():
+    prof = lm_profile()
+    no_cluster = plan_for_kinds({v.name: v.kind for v in prof.variables}, "hybrid")
+    with pytest.raises(PlanError, match="without a cluster"):
+        estimate(prof, no_cluster)
+    other = plan_for_kinds({"x": "dense"}, "ar", cluster=ClusterSpec(2))
+    with pytest.raises(PlanError, match="another model"):
+        estimate(prof, other)
+    with pytest.raises(ConfigError, match="Profile"):
+        compare_architectures({"not": "a profile"}, ClusterSpec(2))
+    with pytest.raises(ConfigError, match="ClusterSpec"):
+        compare_architectures(prof, 8)
+    with pytest.raises(ConfigError, match="unknown architecture"):
+        step_time_curve(prof, ClusterSpec(2), "fastest")
+
+
+def test_cost_model_and_plan_import_no_tensorflow():
+    code = ("import sys, parallax_nb.cost, parallax_nb.plan, parallax_nb.cli.plan; "
+            "bad = [m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
