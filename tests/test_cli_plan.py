@@ -1,0 +1,88 @@
+"""`python -m parallax_nb plan` end to end, in a subprocess, on a profile.json written by Profile.to_json."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from parallax_nb.plan import Plan
+from parallax_nb.types import Method
+
+from conftest import REPO
+from test_cost import lm_profile
+
+
+def run_cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "parallax_nb", "plan", *map(str, args)], cwd=cwd or REPO,
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def profile_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "profile.json"
+    lm_profile().to_json(str(path))
+    return path
+
+
+def test_plan_command_prints_tables_and_writes_the_plan(profile_json, tmp_path):
+    out = tmp_path / "sub" / "plan.json"
+    result = run_cli(profile_json, "--machines", 8, "--workers-per-machine", 2, "--bandwidth", "10Gbit/s",
+                     "--latency-us", 5, "--arch", "auto", "-o", out)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "Plan for lm_like (auto) on 8 machine(s) x 2 worker(s), 10Gbit/s, latency 5 us" in text
+    for name in ("embedding", "softmax_w", "softmax_b", "lstm/kernel", "lstm/bias", "projection/kernel"):
+        assert name in text
+    for arch in ("ar", "ps", "hybrid", "auto", "sparse_as_dense", "this plan (auto)"):
+        assert f"\n  {arch} " in text
+    plan = Plan.from_json(str(out))
+    assert plan.cluster.machines == 8 and plan.cluster.workers_per_machine == 2
+    assert plan.cluster.latency_s == pytest.approx(5e-6)
+    assert plan.method("embedding") is Method.PS and plan.method("lstm/kernel") is Method.AR
+    assert plan.partitions("embedding") == 16
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".tmp-")]  # atomic write left nothing
+
+
+def test_plan_command_options(profile_json, tmp_path):
+    out = tmp_path / "plan.json"
+    result = run_cli(profile_json, "--machines", 4, "--workers-per-machine", 2, "--no-local-aggregation",
+                     "--arch", "ps", "--partitions", 3, "-o", out)
+    assert result.returncode == 0, result.stderr
+    d = json.loads(out.read_text())
+    assert d["architecture"] == "ps" and d["local_aggregation"] is False
+    assert {v["method"] for v in d["variables"]} == {"ps"} and {v["partitions"] for v in d["variables"]} == {3}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--machines", 0], "ClusterSpec.machines must be a whole number >= 1, got 0"),
+    (["--machines", 2, "--bandwidth", "fast"], "unparsable bandwidth 'fast'"),
+    (["--machines", 2, "--arch", "fastest"], "unknown architecture 'fastest'"),
+    (["--machines", 2, "--partitions", 0], "must be >= 1, got 0"),
+    (["--machines", 2, "--latency-us", -1], "latency_s must be a finite number >= 0"),
+])
+def test_bad_arguments_exit_2_with_one_clear_message(profile_json, args, message):
+    result = run_cli(profile_json, *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("parallax_nb plan: error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_and_corrupted_profiles_exit_2(tmp_path, profile_json):
+    result = run_cli(tmp_path / "missing.json", "--machines", 2)
+    assert result.returncode == 2 and "profile file not found" in result.stderr
+    corrupted = tmp_path / "corrupted.json"
+    corrupted.write_text(profile_json.read_text()[:300])
+    result = run_cli(corrupted, "--machines", 2)
+    assert result.returncode == 2 and "is not valid JSON" in result.stderr and "Traceback" not in result.stderr
+    wrong_shape = tmp_path / "wrong_shape.json"
+    d = json.loads(profile_json.read_text())
+    d["variables"] = [1]
+    wrong_shape.write_text(json.dumps(d))
+    result = run_cli(wrong_shape, "--machines", 2)
+    assert result.returncode == 2 and "cannot read profile" in result.stderr and "Traceback" not in result.stderr
+    not_a_profile = tmp_path / "plan_not_profile.json"
+    not_a_profile.write_text(json.dumps({"schema": "parallax_nb.plan"}))
+    result = run_cli(not_a_profile, "--machines", 2)
+    assert result.returncode == 2 and "not a parallax_nb profile" in result.stderr
