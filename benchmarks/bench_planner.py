@@ -1,0 +1,108 @@
+"""How fast the planner recomputes: a 1,000-variable plan for a new ClusterSpec (target < 50 ms).
+
+Builds a synthetic profile (a mix of sparse tables with measured-looking unions and dense
+layers), then times, for a sequence of different ClusterSpecs, ``make_plan`` alone and
+``make_plan + estimate + compare_architectures`` (what the planner widget recomputes on every
+change). Prints the median (and p90) over the repeats; ``--json PATH`` writes them.
+
+    python benchmarks/bench_planner.py [--variables 1000] [--repeats 50] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from parallax_nb.cost import compare_architectures, estimate  # noqa: E402
+from parallax_nb.plan import make_plan  # noqa: E402
+from parallax_nb.types import ClusterSpec, Kind, Profile, VariableProfile  # noqa: E402
+
+TARGET_MS = 50.0
+
+
+def synthetic_profile(variables: int, seed: int = 0) -> Profile:
+    """``variables`` variables, one in five a sparse table (alpha 1e-4..0.1, unions for G = 1..8)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(variables):
+        if i % 5 == 0:
+            rows, width = rng.randint(1_000, 1_000_000), rng.choice([16, 64, 256])
+            alpha = 10 ** rng.uniform(-4, -1)
+            touched = alpha * rows
+            unions = tuple(min(rows, touched * (1 + 0.85 * g)) for g in range(8))
+            out.append(VariableProfile(f"table_{i}/embeddings", (rows, width), "float32", rows * width * 4,
+                                       Kind.SPARSE, touched, alpha, alpha, alpha, alpha, touched * (width * 4 + 8),
+                                       unions))
+        else:
+            shape = (rng.choice([64, 256, 1024]), rng.choice([64, 256, 1024]))
+            size = shape[0] * shape[1] * 4
+            out.append(VariableProfile(f"layer_{i}/kernel", shape, "float32", size, Kind.DENSE, shape[0],
+                                       1.0, 1.0, 1.0, 1.0, size))
+    return Profile("synthetic", 64, 20, 0.05, 0, tuple(out))
+
+
+def clusters(count: int) -> list[ClusterSpec]:
+    """Different specs each time (as a user dragging sliders): machines, workers, bandwidth, aggregation."""
+    return [ClusterSpec(machines=1 + i % 64, workers_per_machine=1 + i % 8, bandwidth_bps=(1 + i % 4) * 10e9,
+                        local_aggregation=bool(i % 3)) for i in range(count)]
+
+
+def time_ms(fn, specs) -> list[float]:
+    times = []
+    for spec in specs:
+        start = time.perf_counter()
+        fn(spec)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def summarize(times: list[float]) -> dict:
+    ordered = sorted(times)
+    return {"median_ms": statistics.median(ordered), "p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
+            "min_ms": ordered[0], "repeats": len(ordered)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variables", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+
+    profile = synthetic_profile(args.variables)
+    specs = clusters(args.repeats)
+    make_plan(profile, specs[0])  # warm-up (imports, caches)
+
+    plan_only = summarize(time_ms(lambda spec: make_plan(profile, spec, "auto"), specs))
+
+    def full(spec):
+        plan = make_plan(profile, spec, "auto")
+        estimate(profile, plan)
+        compare_architectures(profile, spec)
+    everything = summarize(time_ms(full, specs))
+
+    print(f"planner benchmark: {args.variables} variables ({sum(v.is_sparse for v in profile.variables)} sparse), "
+          f"{args.repeats} different ClusterSpecs, Python {platform.python_version()} on {platform.machine()}")
+    print(f"  {'what':<46} {'median ms':>10} {'p90 ms':>8} {'min ms':>8}")
+    for label, r in (("make_plan (new ClusterSpec)", plan_only),
+                     ("make_plan + estimate + compare_architectures", everything)):
+        print(f"  {label:<46} {r['median_ms']:>10.2f} {r['p90_ms']:>8.2f} {r['min_ms']:>8.2f}")
+    verdict = "meets" if plan_only["median_ms"] < TARGET_MS else "MISSES"
+    print(f"  target: a {args.variables}-variable plan in < {TARGET_MS:.0f} ms -> {verdict} the target "
+          f"({plan_only['median_ms']:.2f} ms median)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"variables": args.variables, "make_plan": plan_only, "plan_estimate_compare": everything,
+                       "target_ms": TARGET_MS, "python": platform.python_version()}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
