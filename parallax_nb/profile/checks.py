@@ -39,7 +39,7 @@ def check_pairs(element_spec) -> tuple:
     """The dataset must yield ``(x, y)``: return ``(x_spec, y_spec)`` or raise naming what it yields."""
     if not (isinstance(element_spec, tuple) and len(element_spec) == 2):
         raise ProfileError(
-            f"the data function must yield (x, y) pairs, but its examples look like {describe(element_spec)}",
+            f"the data function must yield (x, y) pairs, but its batches look like {describe(element_spec)}",
             hint="return tf.data.Dataset.from_tensor_slices((features, labels)) of unbatched examples")
     return element_spec
 
@@ -111,6 +111,25 @@ def out_of_range_error(error: Exception, model, step: int) -> ProfileError | Non
         hint="ids must be integers in [0, vocabulary size); check the data function or enlarge the table")
 
 
+def check_no_negative_ids(x, step: int) -> None:
+    """Integer features are ids, and ids are never negative: Keras ``Embedding`` would silently wrap
+    -3 around to row ``rows - 3`` (numpy's ``take``), profiling and training the wrong rows."""
+    import tensorflow as tf
+
+    if isinstance(x, dict):
+        leaves = sorted(x.items())
+    else:
+        leaves = [(str(i), t) for i, t in enumerate(tf.nest.flatten(x))]
+    for name, tensor in leaves:
+        if tensor.dtype.is_integer:
+            smallest = int(tf.reduce_min(tensor)) if tf.size(tensor) > 0 else 0
+            if smallest < 0:
+                raise ProfileError(
+                    f"embedding id {smallest} in input {name!r} is out of range: ids must be >= 0; "
+                    f"seen in the batch of step {step}",
+                    hint="ids index rows of an embedding table: integers in [0, vocabulary size)")
+
+
 def check_sparse_rows(name: str, unique_rows: np.ndarray, rows: int, step: int) -> None:
     """Row ids of a sparse gradient must lie in [0, rows) (GPUs gather zeros instead of raising)."""
     if unique_rows.size and (unique_rows.min() < 0 or unique_rows.max() >= rows):
@@ -127,11 +146,13 @@ def step_error(error: Exception, model, x, step: int) -> ProfileError:
     if found is not None:
         return found
     reason = _first_line(error)
+    if not reason.startswith(type(error).__name__):
+        reason = f"{type(error).__name__}: {reason}"
     expected = model_inputs(model)
     return ProfileError(
         f"the model could not train on the data at step {step}: the model takes "
         f"{describe(expected) if expected is not None else 'inputs it declares when first called'}, "
-        f"the data gives x = {describe(x)} ({type(error).__name__}: {reason})",
+        f"the data gives x = {describe(x)} ({reason})",
         hint="make the data function yield (x, y) with x shaped like the model's inputs")
 
 

@@ -69,9 +69,9 @@ def _next_batch(iterator, step: int, job: Job):
     try:
         return next(iterator)
     except (StopIteration, tf.errors.OutOfRangeError):
-        raise ProfileError(f"the data function of {job.name!r} ran out of examples at step {step}: it yields fewer "
-                           f"than batch_size = {job.batch_size} examples",
-                           hint="yield at least batch_size examples (the profiler repeats the dataset)") from None
+        raise ProfileError(f"the data function of {job.name!r} yields no examples (the dataset ended at step {step} "
+                           f"although the profiler repeats it)",
+                           hint="check the data function: it must yield at least one (x, y) example") from None
     except tf.errors.OpError as e:
         raise ProfileError(f"the data function of {job.name!r} failed at step {step}: {checks._first_line(e)}") from None
 
@@ -144,11 +144,18 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
         unique_rows: dict[str, list[np.ndarray]] = {}
         index_counts: dict[str, list[int]] = {}
         step_times: list[float] = []
+        try:  # trace once before timing anything: structure errors surface here, with their cause
+            train_step = train_step.get_concrete_function(first_x, first_y)
+        except ParallaxError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
+            raise checks.step_error(e, model, first_x, 0) from None
         batch = (first_x, first_y)
         for step in range(warmup + steps):
             if step > 0:
                 batch = _next_batch(iterator, step, job)
             x, y = batch
+            checks.check_no_negative_ids(x, step)
             t0 = time.perf_counter()
             try:
                 loss, touched = train_step(x, y)

@@ -1,0 +1,259 @@
+"""The profiler on the tiny LM, checked against numpy computed independently from the batches,
+plus JSON round-trip, the command line, and the errors a user can cause."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from parallax_nb.errors import ConfigError, JobError, ProfileError
+from parallax_nb.types import Kind, Profile
+from parallax_nb.workloads import lm_job
+from parallax_nb.workloads.lm import LMConfig, lm_corpus
+
+STEPS, WARMUP = 12, 2
+SPARSE_LM = {"embedding/embeddings", "softmax/softmax_w", "softmax/softmax_b"}
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from parallax_nb.profile import profile_job
+
+    job = lm_job("tiny")
+    return job, profile_job(job, steps=STEPS, warmup=WARMUP)
+
+
+def _lm_batches(job, count):
+    """Batches straight from the corpus array: batch s is examples s*b .. (s+1)*b - 1 (one shard)."""
+    config = LMConfig(**{k: v for k, v in job.metadata.items() if k != "workload"})
+    corpus = lm_corpus(config)
+    b = job.batch_size
+    return config, [(corpus[s * b:(s + 1) * b, :-1], corpus[s * b:(s + 1) * b, 1:]) for s in range(count)]
+
+
+def _sampled_candidates(job, steps):
+    """The softmax's candidates at each step, drawn by a fresh copy of the layer with its step counter set."""
+    model = job.build_model()
+    layer = model.get_layer("softmax")
+    out = []
+    for s in range(steps):
+        layer.sample_step.assign(s)
+        out.append(layer.sample_candidates().numpy())
+    return out
+
+
+def _union_means(sets, max_g):
+    return [np.mean([np.unique(np.concatenate(sets[i:i + g])).size for i in range(len(sets) - g + 1)])
+            for g in range(1, max_g + 1)]
+
+
+def test_lm_kinds(lm):
+    _, prof = lm
+    assert {v.name for v in prof.variables if v.kind is Kind.SPARSE} == SPARSE_LM
+    assert all(v.kind is Kind.DENSE for v in prof.variables if v.name not in SPARSE_LM)
+    assert len(prof.variables) == 8
+    for v in prof.variables:
+        if not v.is_sparse:
+            assert v.alpha_mean == v.alpha_max == 1.0
+            assert v.grad_bytes_per_step == v.size_bytes
+            assert v.union_rows_by_workers == (v.rows,) * 8
+
+
+def test_lm_batches_match_the_dataset(lm):
+    job, _ = lm
+    _, batches = _lm_batches(job, 3)
+    for (tokens, targets), (x, y) in zip(batches, job.dataset(0, 1).take(3)):
+        np.testing.assert_array_equal(tokens, x["tokens"].numpy())
+        np.testing.assert_array_equal(targets, y.numpy())
+
+
+def test_embedding_alpha_and_union_match_numpy(lm):
+    job, prof = lm
+    config, batches = _lm_batches(job, WARMUP + STEPS)
+    sets = [np.unique(tokens) for tokens, _ in batches[WARMUP:]]
+    alphas = np.array([s.size for s in sets]) / config.vocab_size
+    v = prof["embedding/embeddings"]
+    assert v.shape == (config.vocab_size, config.embedding_dim)
+    assert v.size_bytes == config.vocab_size * config.embedding_dim * 4
+    assert v.alpha_mean == pytest.approx(alphas.mean(), rel=1e-12)
+    assert v.alpha_p50 == pytest.approx(np.percentile(alphas, 50), rel=1e-12)
+    assert v.alpha_p95 == pytest.approx(np.percentile(alphas, 95), rel=1e-12)
+    assert v.alpha_max == pytest.approx(alphas.max(), rel=1e-12)
+    assert v.rows_touched_mean == pytest.approx(np.mean([s.size for s in sets]))
+    assert 0 < v.alpha_mean < 0.5
+    lookups = job.batch_size * config.seq_len
+    assert v.grad_bytes_per_step == pytest.approx(lookups * (config.embedding_dim * 4 + 8))
+    assert v.union_rows_by_workers == pytest.approx(_union_means(sets, 8), rel=1e-12)
+    assert v.union_rows_by_workers[7] > v.union_rows_by_workers[0]  # more workers, more rows
+
+
+def test_softmax_alpha_and_union_match_targets_and_candidates(lm):
+    job, prof = lm
+    config, batches = _lm_batches(job, WARMUP + STEPS)
+    candidates = _sampled_candidates(job, WARMUP + STEPS)
+    sets = [np.unique(np.concatenate([targets.ravel(), candidates[s]]))
+            for s, (_, targets) in enumerate(batches)][WARMUP:]
+    alphas = np.array([s.size for s in sets]) / config.vocab_size
+    for name in ("softmax/softmax_w", "softmax/softmax_b"):
+        v = prof[name]
+        assert v.alpha_mean == pytest.approx(alphas.mean(), rel=1e-12), name
+        assert v.alpha_p95 == pytest.approx(np.percentile(alphas, 95), rel=1e-12), name
+        assert v.alpha_max == pytest.approx(alphas.max(), rel=1e-12), name
+        assert v.union_rows_by_workers == pytest.approx(_union_means(sets, 8), rel=1e-12), name
+    # the candidates really matter: targets alone give a smaller alpha
+    targets_only = np.mean([np.unique(t).size for _, t in batches[WARMUP:]]) / config.vocab_size
+    assert prof["softmax/softmax_w"].alpha_mean > targets_only
+
+
+def test_step_time_memory_environment(lm):
+    _, prof = lm
+    assert prof.steps == STEPS and prof.batch_size == 8 and prof.model_name == "lm-tiny"
+    assert 0 < prof.step_time_s < 5
+    assert prof.peak_memory_bytes >= 0
+    env = prof.environment
+    assert env["tensorflow"].startswith("2.") and env["keras"].startswith("3.")
+    assert "memory" not in env["memory_measure"] or env["memory_measure"]
+    assert env["profiled_batches"] == f"{WARMUP}..{WARMUP + STEPS - 1} of job.dataset(0, 1)"
+
+
+def test_json_round_trip(lm, tmp_path):
+    _, prof = lm
+    path = tmp_path / "profile.json"
+    prof.to_json(str(path))
+    again = Profile.from_json(str(path))
+    assert again == prof
+    data = json.loads(path.read_text())
+    by_name = {v["name"]: v for v in data["variables"]}
+    assert by_name["embedding/embeddings"]["kind"] == "sparse"
+    assert by_name["lstm/lstm_cell/kernel"]["kind"] == "dense"
+    assert "alpha_mean" in by_name["softmax/softmax_w"]
+
+
+def test_fewer_steps_than_workers_measures_only_what_it_can():
+    from parallax_nb.profile import profile_job
+
+    prof = profile_job(lm_job("tiny"), steps=3, warmup=0)
+    assert len(prof["embedding/embeddings"].union_rows_by_workers) == 3
+    assert 0 < prof["embedding/embeddings"].alpha_for_workers(8) <= 1
+
+
+def test_cli_profile_writes_json_and_prints_table(tmp_path):
+    out = tmp_path / "profile.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "parallax_nb", "profile", "parallax_nb.workloads:lm_tiny",
+                           "--steps", "4", "--warmup", "1", "--batch-size", "4", "-o", str(out)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "embedding/embeddings" in proc.stdout and "sparse" in proc.stdout
+    prof = Profile.from_json(str(out))
+    assert prof.steps == 4 and prof.batch_size == 4
+    assert {v.name for v in prof.variables if v.is_sparse} == SPARSE_LM
+
+    bad = subprocess.run([sys.executable, "-m", "parallax_nb", "profile", "parallax_nb.workloads:lm_tiny",
+                          "--steps", "0", "-o", str(tmp_path / "never.json")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode != 0
+    assert "steps" in bad.stderr and "0" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "never.json").exists()
+
+
+# ---- errors a user can cause --------------------------------------------------------------------
+
+def _lm_data(tokens, targets=None, labels=None):
+    import tensorflow as tf
+
+    targets = tokens if targets is None else targets
+    labels = targets if labels is None else labels
+    return lambda: tf.data.Dataset.from_tensor_slices(({"tokens": tokens, "targets": targets}, labels))
+
+
+def _ids(high=1003, shape=(32, 8), dtype=np.int32):
+    return np.random.default_rng(0).integers(0, high, shape).astype(dtype)
+
+
+def _profile(job, **kw):
+    from parallax_nb.profile import profile_job
+
+    return profile_job(job, **{"steps": 2, "warmup": 0, **kw})
+
+
+def test_model_builder_returning_non_keras_object():
+    with pytest.raises(JobError, match=r"keras\.Model.*str"):
+        _profile(lm_job("tiny").replace(model=lambda: "a model"))
+
+
+def test_model_without_trainable_variables():
+    base = lm_job("tiny")
+
+    def frozen():
+        model = base.model()
+        model.trainable = False
+        return model
+
+    with pytest.raises(ProfileError, match="no trainable variables"):
+        _profile(base.replace(model=frozen))
+
+
+def test_data_that_is_not_pairs():
+    import tensorflow as tf
+
+    job = lm_job("tiny").replace(data=lambda: tf.data.Dataset.from_tensor_slices({"tokens": _ids()}))
+    with pytest.raises(ProfileError, match=r"\(x, y\) pairs.*tokens: int32\[8, 8\]"):
+        _profile(job)
+
+
+def test_data_missing_an_input():
+    import tensorflow as tf
+
+    job = lm_job("tiny").replace(data=lambda: tf.data.Dataset.from_tensor_slices(({"tokens": _ids()}, _ids())))
+    with pytest.raises(ProfileError, match=r"no features for model inputs \['targets'\]"):
+        _profile(job)
+
+
+def test_data_with_the_wrong_shape():
+    job = lm_job("tiny").replace(data=_lm_data(_ids(shape=(32, 5))))
+    with pytest.raises(ProfileError) as err:
+        _profile(job)
+    text = str(err.value)
+    assert "the model takes" in text and "int32[None, 8]" in text and "int32[4, 5]" not in text
+    assert "[8, 5]" in text  # the batch the data gave: batch_size 8, sequence length 5
+    assert "Traceback" not in text
+
+
+def test_non_integer_ids():
+    job = lm_job("tiny").replace(data=_lm_data(_ids(dtype=np.float32) + 0.5, _ids()))
+    with pytest.raises(ProfileError, match=r"'tokens' takes integer ids.*float32"):
+        _profile(job)
+
+
+@pytest.mark.parametrize("where, bad, message", [
+    ("tokens", 5000, r"id 5000 is out of range for 'embedding/embeddings'.*0\.\.1002 \(1003 rows\)"),
+    ("targets", 1003, r"id 1003 is out of range for 'softmax/softmax_(w|b)'.*0\.\.1002 \(1003 rows\)"),
+    ("tokens", -3, r"id -3 in input 'tokens' is out of range: ids must be >= 0"),  # Keras would wrap it
+])
+def test_ids_out_of_range(where, bad, message):
+    tokens, targets = _ids(), _ids()
+    (tokens if where == "tokens" else targets)[5, 3] = bad
+    job = lm_job("tiny").replace(data=_lm_data(tokens, targets))
+    with pytest.raises(ProfileError, match=message):
+        _profile(job)
+
+
+def test_bad_counts():
+    job = lm_job("tiny")
+    for kw, value in (("steps", 0), ("steps", 2.5), ("warmup", -1), ("max_workers", 0)):
+        with pytest.raises(ProfileError, match=rf"{kw} must be a whole number.*{value}"):
+            _profile(job, **{kw: value})
+    with pytest.raises(ConfigError, match="batch_size must be positive, got 0"):
+        job.replace(batch_size=0)
+    with pytest.raises(JobError, match="needs a parallax_nb.Job"):
+        _profile("lm")
+
+
+def test_data_without_examples():
+    job = lm_job("tiny").replace(data=_lm_data(_ids(shape=(0, 8))))
+    with pytest.raises(ProfileError, match="yields no examples"):
+        _profile(job)
