@@ -108,8 +108,12 @@ def _mpi_comm():
     return MPI.COMM_WORLD
 
 
-def _weights_of(result) -> tuple[list | None, list | None]:
-    """Numpy weights (model order) and their names of the trained single-device model."""
+def _weights_of(result) -> tuple["dict | list | None", list | None]:
+    """The trained single-device weights: ``result.weights`` ({path: array}, the runtime's
+    TrainResult), else those of ``result.single_device_model()`` in model order."""
+    weights = getattr(result, "weights", None)
+    if isinstance(weights, dict):
+        return {str(k): v for k, v in weights.items()}, list(weights)
     model = result.single_device_model() if hasattr(result, "single_device_model") else None
     if model is None:
         return None, None
@@ -158,14 +162,14 @@ def train_on_engine(job_bytes: bytes, plan_dict: dict | None, steps: int, option
         stop.uninstall()
 
     history = list(getattr(result, "history", []) or [])
-    weights, names = _weights_of(result)
     out = dict(rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
                steps_done=(int(getattr(history[-1], "step", -1)) + 1) if history else 0,
-               stopped=bool(stop.agreed))
+               stopped=bool(stop.agreed or getattr(result, "stopped_early", False)))
     if rank == 0:
         from .run import record_to_dict
 
         summary = result.summary() if hasattr(result, "summary") else None
+        weights, names = _weights_of(result)
         out.update(summary=summary, history=[record_to_dict(r) for r in history],
                    weights=weights, weight_names=names)
     return out

@@ -31,6 +31,8 @@ HISTORY_COLUMNS = ("step", "loss", "examples_per_s", "step_time_s", "bytes_sent"
 def record_to_dict(record: Any) -> dict:
     """A StepRecord (dataclass, object or dict) as a plain dict with ``bytes_per_step`` added.
 
+    ``bytes_by_variable`` values ``(sent, received)`` become their sum in bytes.
+
     ``bytes_per_step`` = bytes_sent + bytes_received of one rank in one step (what the cost
     model predicts per worker per step).
     """
@@ -40,7 +42,8 @@ def record_to_dict(record: Any) -> dict:
         d = {name: getattr(record, name) for name in record.__dataclass_fields__}
     else:
         d = dict(vars(record))
-    d["bytes_by_variable"] = {str(k): float(v) for k, v in dict(d.get("bytes_by_variable") or {}).items()}
+    d["bytes_by_variable"] = {str(k): float(sum(v)) if isinstance(v, (tuple, list)) else float(v)
+                              for k, v in dict(d.get("bytes_by_variable") or {}).items()}
     for key in ("loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received"):
         if key in d and d[key] is not None:
             d[key] = float(d[key])
@@ -55,13 +58,15 @@ class Run:
     Attributes read by users: :attr:`status`, :attr:`done`, :attr:`history`,
     :meth:`summary`, :attr:`model`, :attr:`error`; actions: :meth:`wait`, :meth:`stop`.
     ``steps`` is the number of steps asked for; ``plan`` the plan it runs (or None);
-    ``engines`` the number of engines (MPI ranks).
+    ``engines`` the number of engines (MPI ranks); ``profile`` (optional) the job's profile,
+    used to predict bytes per step for this run's topology.
     """
 
     def __init__(self, job: Any = None, plan: Any = None, steps: int = 0, engines: int = 0,
-                 architecture: str | None = None):
+                 architecture: str | None = None, profile: Any = None):
         self.job = job
         self.plan = plan
+        self.profile = profile
         self.steps = int(steps)
         self.engines = int(engines)
         self.architecture = architecture
@@ -191,6 +196,37 @@ class Run:
                     totals[name] = totals.get(name, 0.0) + value
         return {name: total / counted for name, total in totals.items()} if counted else {}
 
+    def predicted_bytes_by_variable(self) -> dict[str, float]:
+        """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.
+
+        With the profile the run was started with (``run(..., profile=...)``), the prediction is
+        recomputed for the run's own topology: ``engines`` ranks, one per machine, no local
+        aggregation (``cost.variable_cost`` with ``ClusterSpec(machines=engines)``), under the
+        plan's method of each variable. Without a profile, the plan's own figures are used
+        when its cluster is that topology (machines == engines, one worker each); otherwise
+        they describe another cluster and are not comparable, so {} is returned.
+        """
+        plan = self.plan
+        if plan is None or not hasattr(plan, "variables") or self.engines < 1:
+            return {}
+        if self.profile is not None:
+            from ..cost.model import variable_cost
+            from ..types import ClusterSpec
+
+            topology = ClusterSpec(machines=self.engines, workers_per_machine=1, local_aggregation=False)
+            out = {}
+            for vp in plan.variables:
+                try:
+                    cost = variable_cost(self.profile[vp.name], topology)
+                except KeyError:
+                    continue
+                out[vp.name] = float(cost.ps_bytes_per_step if vp.method.value == "ps" else cost.ar_bytes_per_step)
+            return out
+        cluster = getattr(plan, "cluster", None)
+        if cluster is None or cluster.machines != self.engines or cluster.workers_per_machine != 1:
+            return {}
+        return {vp.name: float(vp.bytes_per_step) for vp in plan.variables if vp.bytes_per_step is not None}
+
     def summary(self) -> dict:
         """Rank 0's run summary (schema ``parallax_nb.run``); raises if the run has none yet."""
         if self._summary is None:
@@ -203,8 +239,8 @@ class Run:
         return dict(self._summary)
 
     @property
-    def weights(self) -> list | None:
-        """The trained weights of the single-device model (numpy arrays, model order)."""
+    def weights(self) -> "dict | list | None":
+        """The trained single-device weights: {variable path: numpy array} (or a list in model order)."""
         return self._weights
 
     @property
@@ -217,7 +253,17 @@ class Run:
                 raise ParallaxError(f"the run has no trained weights (status: {self.status})",
                                     hint="wait for the run to finish; a failed run has no weights")
             model = self.job.build_model()
-            model.set_weights(self._weights)
+            if isinstance(self._weights, dict):
+                missing = [v.path for v in model.variables if v.path not in self._weights]
+                if missing:
+                    from ..errors import CheckpointError
+
+                    raise CheckpointError(f"the trained weights lack model variables {missing}",
+                                          hint="did job.model() change since the run?")
+                for v in model.variables:
+                    v.assign(self._weights[v.path])
+            else:
+                model.set_weights(self._weights)
             self._model = model
         return self._model
 

@@ -1,0 +1,130 @@
+"""RunView reads a Run model: drive the model by hand, read the widget state (no browser, no cluster)."""
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("matplotlib")
+
+from parallax_nb.cluster.run import Run  # noqa: E402
+from parallax_nb.errors import DistributedError  # noqa: E402
+from parallax_nb.plan import make_plan  # noqa: E402
+from parallax_nb.types import ClusterSpec, Profile, VariableProfile  # noqa: E402
+from parallax_nb.widgets.run_view import RunView  # noqa: E402
+
+
+def _profile() -> Profile:
+    emb = VariableProfile(name="embedding/embeddings", shape=(1000, 16), dtype="float32", size_bytes=64000,
+                          kind="sparse", rows_touched_mean=50, alpha_mean=0.05, alpha_p50=0.05, alpha_p95=0.06,
+                          alpha_max=0.07, grad_bytes_per_step=50 * 64 + 50 * 8,
+                          union_rows_by_workers=(50, 95, 135, 170, 200, 228, 252, 275))
+    dense = VariableProfile(name="dense/kernel", shape=(16, 16), dtype="float32", size_bytes=1024, kind="dense",
+                            rows_touched_mean=16, alpha_mean=1.0, alpha_p50=1.0, alpha_p95=1.0, alpha_max=1.0,
+                            grad_bytes_per_step=1024, union_rows_by_workers=(16,) * 8)
+    return Profile(model_name="toy", batch_size=8, steps=5, step_time_s=0.01, peak_memory_bytes=0,
+                   variables=(emb, dense))
+
+
+def _record(step, loss, sent=3000.0, received=1000.0):
+    return {"step": step, "loss": loss, "examples_per_s": 100.0 + step, "step_time_s": 0.05,
+            "bytes_sent": sent, "bytes_received": received,
+            "bytes_by_variable": {"embedding/embeddings": (sent - 1000.0, received - 500.0),
+                                  "dense/kernel": (1000.0, 500.0)}}
+
+
+@pytest.fixture
+def planned_run():
+    profile = _profile()
+    plan = make_plan(profile, ClusterSpec.create(machines=2), architecture="hybrid")
+    return Run(plan=plan, steps=10, engines=2, profile=profile), plan
+
+
+def test_progress_status_and_charts_follow_records(planned_run):
+    run, _ = planned_run
+    view = RunView(run, redraw_s=0.0)
+    assert view.progress.value == 0 and view.progress.max == 10
+    assert "starting" in view.status_text()
+    run.set_status("running")
+    run.add_records([_record(0, 5.0), _record(1, 4.5), _record(2, 4.0)])
+    assert view.progress.value == 3
+    data = view.chart_data()
+    assert data["step"] == [0, 1, 2]
+    assert data["loss"] == [5.0, 4.5, 4.0]
+    assert data["examples_per_s"] == [100.0, 101.0, 102.0]
+    assert data["bytes_per_step"] == [4000.0, 4000.0, 4000.0]   # sent + received
+    assert view.charts.value[:4] == b"\x89PNG"
+    assert "loss 4.0000" in view.status_text() and "3/10 steps" in view.status_text()
+    # records of another rank and duplicates do not change rank 0's history
+    run.add_records([_record(3, 1.0)], rank=1)
+    run.add_records([_record(2, 4.0)])
+    assert view.chart_data()["step"] == [0, 1, 2]
+    history = run.history
+    assert list(history["step"]) == [0, 1, 2] and history["bytes_per_step"].iloc[-1] == 4000.0
+
+
+def test_bytes_table_predicted_vs_measured(planned_run):
+    run, plan = planned_run
+    view = RunView(run, redraw_s=0.0)
+    run.add_records([_record(0, 5.0, sent=3000.0), _record(1, 4.0, sent=5000.0)])
+    rows = {r["name"]: r for r in view.bytes_rows()}
+    assert set(rows) == {"embedding/embeddings", "dense/kernel"}
+    assert rows["embedding/embeddings"]["method"] == "ps" and rows["dense/kernel"]["method"] == "ar"
+    # measured: mean over steps of sent + received; embedding (2000+500, 4000+500) -> 3500
+    assert rows["embedding/embeddings"]["measured_bytes_per_step"] == pytest.approx(3500.0)
+    assert rows["dense/kernel"]["measured_bytes_per_step"] == pytest.approx(1500.0)
+    # predicted for this run's topology (2 ranks, one per machine) equals the plan's own figures
+    # for a 2-machine cluster of one worker each
+    for v in plan.variables:
+        assert rows[v.name]["predicted_bytes_per_step"] == pytest.approx(v.bytes_per_step)
+    assert view.chart_data()["predicted_bytes_per_step"] == pytest.approx(plan.bytes_per_machine_per_step)
+    assert "measured / predicted" in view.bytes_table.value and "embedding/embeddings" in view.bytes_table.value
+
+
+def test_no_prediction_for_another_cluster_without_profile():
+    plan = make_plan(_profile(), ClusterSpec.create(machines=8, workers_per_machine=6), architecture="auto")
+    run = Run(plan=plan, steps=4, engines=2)
+    assert run.predicted_bytes_by_variable() == {}
+    view = RunView(run, redraw_s=0.0)
+    assert view.chart_data()["predicted_bytes_per_step"] is None
+    assert all(r["predicted_bytes_per_step"] is None for r in view.bytes_rows())
+
+
+class _RecordingController:
+    def __init__(self):
+        self.stops = 0
+
+    def request_stop(self):
+        self.stops += 1
+
+
+def test_stop_button_calls_run_stop():
+    run = Run(steps=100, engines=2)
+    controller = _RecordingController()
+    run._controller = controller
+    view = RunView(run)
+    assert not view.stop_button.disabled
+    view.stop_button.click()
+    assert controller.stops == 1
+    assert view.stop_button.disabled
+    run.finish(history=[_record(s, 1.0) for s in range(7)], stopped=True)
+    assert run.status == "stopped" and view.progress.value == 7 and view.progress.bar_style == "warning"
+    assert "stopped after 7 of 100 steps" in view.status_text()
+
+
+def test_finished_and_failed_runs():
+    run = Run(steps=3, engines=2)
+    view = RunView(run, redraw_s=60.0)    # only the final redraw may draw the last steps
+    run.set_status("running")
+    run.finish(summary={"schema": "parallax_nb.run", "steps": 3}, history=[_record(s, 2.0 - s) for s in range(3)])
+    assert run.done and view.progress.value == 3 and view.progress.bar_style == "success"
+    assert view.chart_data()["loss"] == [2.0, 1.0, 0.0] and view.stop_button.disabled
+    assert run.summary()["steps"] == 3
+
+    failing = Run(steps=5, engines=2)
+    view = RunView(failing)
+    err = DistributedError("rank 1 (engine 3 on host vm) failed: ValueError: bad shapes")
+    err.rank, err.remote_traceback = 1, "Traceback ...\nValueError: bad shapes <b>"
+    failing.fail(err)
+    assert failing.status == "failed" and view.progress.bar_style == "danger"
+    assert "rank 1 (engine 3 on host vm)" in view.error.value
+    assert "&lt;b&gt;" in view.error.value        # remote text is escaped
+    with pytest.raises(DistributedError):
+        failing.wait(timeout=1)
