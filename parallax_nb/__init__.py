@@ -14,6 +14,8 @@ Names resolve lazily, so ``import parallax_nb`` is instant and needs no TensorFl
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
@@ -58,6 +60,20 @@ def __getattr__(name: str):
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value
+
+
+class _PublicModule(types.ModuleType):
+    """Keeps ``px.plan``, ``px.profile`` and ``px.report`` the functions: when a submodule of the
+    same name (``parallax_nb.plan`` ...) is first imported, Python sets it as an attribute of
+    the package, which would turn ``px.plan(prof)`` into calling a module."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and name in _EXPORTS and _EXPORTS[name][1] is not None:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _PublicModule
 
 
 def __dir__():
