@@ -374,6 +374,7 @@ def names_of(items: Iterable[Any]) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 SPARSE_AS_DENSE = "sparse_as_dense"  # the key of plain Horovod with sparse_as_dense=True in comparisons
+PLAIN_HOROVOD = "horovod"  # the key of plain Horovod's defaults (sparse gradients allgathered with duplicates)
 
 
 @dataclass(frozen=True)
@@ -386,7 +387,9 @@ class VariableCost:
     local aggregation, one worker's otherwise; 1 for a dense variable). ``*_index_bytes_*`` are
     the int64 row indices, already included in ``ps_bytes_per_step`` / ``ar_bytes_per_step``.
     ``*_messages_per_step`` count sequential message rounds of that variable's own collective(s)
-    (see :mod:`parallax_nb.cost.model`).
+    (see :mod:`parallax_nb.cost.model`). ``horovod_bytes_per_step`` is plain Horovod's default
+    for a sparse gradient: the ``IndexedSlices`` allgathered as TensorFlow made it, one row per
+    lookup with duplicates (the AR figure dedupes first); for a dense variable it is the AR figure.
     """
 
     name: str
@@ -403,6 +406,7 @@ class VariableCost:
     ar_index_bytes_per_step: float
     ps_messages_per_step: int
     ar_messages_per_step: int
+    horovod_bytes_per_step: float = 0.0
 
     @property
     def cheaper_method(self) -> Method:
@@ -429,7 +433,8 @@ class VariableCost:
 class Estimate:
     """Estimated cost of one whole-model choice of methods on one ClusterSpec.
 
-    ``architecture`` is ``"ar" | "ps" | "hybrid" | "auto"`` or :data:`SPARSE_AS_DENSE`.
+    ``architecture`` is ``"ar" | "ps" | "hybrid" | "auto"``, :data:`SPARSE_AS_DENSE` or
+    :data:`PLAIN_HOROVOD`.
     ``comm_time_s = transfer_time_s + latency_time_s`` with
     ``transfer_time_s = bytes_per_machine_per_step / (bandwidth_bps / 8)`` and
     ``latency_time_s = messages_per_step * latency_s``; ``step_time_s = compute_time_s +
@@ -461,8 +466,13 @@ class Estimate:
 
     def bytes_by_variable(self) -> dict[str, float]:
         """Variable name -> bytes per machine per step under the method this estimate charged."""
-        return {c.name: (c.sparse_as_dense_bytes_per_step if self.architecture == SPARSE_AS_DENSE
-                         else c.bytes_for(m)) for c, m in zip(self.variables, self.methods)}
+        def charged(c: VariableCost, m: Method) -> float:
+            if self.architecture == SPARSE_AS_DENSE:
+                return c.sparse_as_dense_bytes_per_step
+            if self.architecture == PLAIN_HOROVOD:
+                return c.horovod_bytes_per_step
+            return c.bytes_for(m)
+        return {c.name: charged(c, m) for c, m in zip(self.variables, self.methods)}
 
     def to_dict(self, include_variables: bool = False) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("variables", "methods")}

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from parallax_nb.cost import (SPARSE_AS_DENSE, compare_architectures, estimate, step_time_curve,
+from parallax_nb.cost import (PLAIN_HOROVOD, SPARSE_AS_DENSE, compare_architectures, estimate, step_time_curve,
                               step_time_curves, variable_cost)
 from parallax_nb.errors import ConfigError, PlanError
 from parallax_nb.plan import make_plan, plan_for_kinds
@@ -272,3 +272,34 @@ def test_cost_model_and_plan_import_no_tensorflow():
             "bad = [m for m in ('tensorflow', 'keras', 'horovod') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+# ----------------------------------------------------------------------------- plain Horovod
+
+
+def test_plain_horovod_allgathers_duplicate_rows():
+    """Plain Horovod allgathers the IndexedSlices as TF made them: 1,500 lookups of 1,000 unique rows
+    (s = 1,500 x (256 + 8) = 396,000 B per worker). N = 8, G = 1: 2·s·7 = 5,544,000 B, against
+    parallax_nb AR's deduplicated 3,696,000 B. With local aggregation and G = 2 the machine's
+    two slices are concatenated: 2·(2·s)·7 = 11,088,000 B."""
+    var = VariableProfile(**{**sparse_var().__dict__, "grad_bytes_per_step": 1500 * (256 + 8),
+                             "union_rows_by_workers": (1000.0, 1900.0)})
+    c = variable_cost(var, ClusterSpec(machines=8))
+    assert c.horovod_bytes_per_step == pytest.approx(5_544_000, abs=BYTE)
+    assert c.ar_bytes_per_step == pytest.approx(3_696_000, abs=BYTE)
+    assert variable_cost(var, ClusterSpec(machines=8, workers_per_machine=2)).horovod_bytes_per_step == \
+        pytest.approx(11_088_000, abs=BYTE)
+    assert variable_cost(dense_var(), ClusterSpec(machines=8)).horovod_bytes_per_step == pytest.approx(57_344)
+    prof = Profile("toy", 32, 20, 0.01, 0, (var, dense_var()))
+    ests = compare_architectures(prof, ClusterSpec(machines=8), include_horovod=True)
+    assert ests[PLAIN_HOROVOD].bytes_per_machine_per_step == pytest.approx(5_544_000 + 57_344, abs=BYTE)
+    assert ests[PLAIN_HOROVOD].messages_per_step == 14 + 14  # one allgather pair + the fused allreduce
+    assert PLAIN_HOROVOD not in compare_architectures(prof, ClusterSpec(machines=8))
+    assert ests[PLAIN_HOROVOD].bytes_by_variable()["emb"] == pytest.approx(5_544_000, abs=BYTE)
+
+
+def test_assumptions_are_published_in_words():
+    from parallax_nb.cost import ASSUMPTIONS
+
+    assert len(ASSUMPTIONS) >= 8 and all(isinstance(a, str) and a for a in ASSUMPTIONS)
+    assert any("no overlap" in a for a in ASSUMPTIONS) and any("union" in a for a in ASSUMPTIONS)

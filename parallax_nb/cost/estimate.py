@@ -18,7 +18,8 @@ For a choice of one method per variable on a ClusterSpec (bandwidth ``B`` in bit
 * speedups are step-time ratios: ``speedup_vs_ar = step(all AR) / step(this)``.
 
 Plain Horovod with ``sparse_as_dense=True`` is the :data:`SPARSE_AS_DENSE` entry: every
-variable allreduced as a dense tensor.
+variable allreduced as a dense tensor; plain Horovod's defaults are :data:`PLAIN_HOROVOD`
+(sparse gradients allgathered with their duplicate rows, dense ones fused into one allreduce).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from ..errors import ConfigError, PlanError
-from ..types import (SPARSE_AS_DENSE, Architecture, ClusterSpec, Estimate, Kind, Method, Profile,
+from ..types import (PLAIN_HOROVOD, SPARSE_AS_DENSE, Architecture, ClusterSpec, Estimate, Kind, Method, Profile,
                      VariableCost)
 from .model import participants, rounds, variable_cost
 from .planner import choose_method
@@ -49,14 +50,25 @@ def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]
 
 
 def _total(label: str, profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost],
-           methods: Sequence[Method], sparse_as_dense: bool = False) -> Estimate:
-    """Sum the chosen methods' bytes and rounds and turn them into times (module docstring)."""
+           methods: Sequence[Method]) -> Estimate:
+    """Sum the chosen methods' bytes and rounds and turn them into times (module docstring).
+
+    ``label`` SPARSE_AS_DENSE charges every variable its sparse-as-dense bytes; PLAIN_HOROVOD
+    charges sparse variables their allgather with duplicates (index bytes not split out).
+    """
+    sparse_as_dense = label == SPARSE_AS_DENSE
     total = index = ps_bytes = ar_bytes = sparse = dense = 0.0
     messages = 0
     fused_allreduce = False
     for cost, method in zip(costs, methods):
         if sparse_as_dense:
             moved, idx, fused_allreduce = cost.sparse_as_dense_bytes_per_step, 0.0, True
+        elif label == PLAIN_HOROVOD:
+            moved, idx = cost.horovod_bytes_per_step, 0.0
+            if cost.kind is Kind.DENSE:
+                fused_allreduce = True
+            else:
+                messages += cost.ar_messages_per_step
         elif method is Method.PS:
             moved, idx = cost.ps_bytes_per_step, cost.ps_index_bytes_per_step
             messages += cost.ps_messages_per_step
@@ -104,10 +116,12 @@ def _with_speedups(est: Estimate, ar: Estimate, ps: Estimate) -> Estimate:
     return replace(est, speedup_vs_ar=ratio(ar), speedup_vs_ps=ratio(ps))
 
 
-def _whole_model(profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost]) -> dict:
+def _whole_model(profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost],
+                 include_horovod: bool = False) -> dict:
     out: dict = {a: _total(a.value, profile, cluster, costs, _methods(costs, a)) for a in WHOLE_MODEL}
-    out[SPARSE_AS_DENSE] = _total(SPARSE_AS_DENSE, profile, cluster, costs, [Method.AR] * len(costs),
-                                  sparse_as_dense=True)
+    baselines = (SPARSE_AS_DENSE, PLAIN_HOROVOD) if include_horovod else (SPARSE_AS_DENSE,)
+    for key in baselines:
+        out[key] = _total(key, profile, cluster, costs, [Method.AR] * len(costs))
     ar, ps = out[Architecture.AR], out[Architecture.PS]
     return {k: _with_speedups(e, ar, ps) for k, e in out.items()}
 
@@ -131,19 +145,21 @@ def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Esti
     return _with_speedups(own, ar, ps)
 
 
-def compare_architectures(profile: Profile, cluster: ClusterSpec) -> dict:
+def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovod: bool = False) -> dict:
     """``{Architecture.AR, .PS, .HYBRID, .AUTO, SPARSE_AS_DENSE: Estimate}`` on ``cluster``.
 
     Keys are str-valued, so ``result["hybrid"]`` works too. ``SPARSE_AS_DENSE`` is plain
-    Horovod with ``sparse_as_dense=True``: every variable allreduced densely.
+    Horovod with ``sparse_as_dense=True``: every variable allreduced densely. With
+    ``include_horovod``, also ``PLAIN_HOROVOD``: Horovod's defaults, sparse gradients
+    allgathered with their duplicate rows (for benchmarks against plain Horovod).
     """
     _check_inputs(profile, cluster)
-    return _whole_model(profile, cluster, variable_costs(profile, cluster))
+    return _whole_model(profile, cluster, variable_costs(profile, cluster), include_horovod)
 
 
 def _curve_key(architecture) -> str:
-    if architecture == SPARSE_AS_DENSE:
-        return SPARSE_AS_DENSE
+    if architecture in (SPARSE_AS_DENSE, PLAIN_HOROVOD):
+        return str(architecture)
     return Architecture.parse(architecture).value
 
 
@@ -169,8 +185,8 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[
         spec = cluster.replace(machines=n)
         costs = variable_costs(profile, spec)
         for key in keys:
-            if key == SPARSE_AS_DENSE:
-                est = _total(key, profile, spec, costs, [Method.AR] * len(costs), sparse_as_dense=True)
+            if key in (SPARSE_AS_DENSE, PLAIN_HOROVOD):
+                est = _total(key, profile, spec, costs, [Method.AR] * len(costs))
             else:
                 est = _total(key, profile, spec, costs, _methods(costs, Architecture(key)))
             curves[key].append(est.step_time_s)
@@ -179,7 +195,7 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[
 
 def step_time_curve(profile: Profile, cluster: ClusterSpec, architecture="auto",
                     machines: Iterable[int] = range(1, 65)) -> list[tuple[int, float]]:
-    """``[(machines, step_time_s), ...]`` for one architecture (or :data:`SPARSE_AS_DENSE`)."""
+    """``[(machines, step_time_s), ...]`` for one architecture (or SPARSE_AS_DENSE / PLAIN_HOROVOD)."""
     key = _curve_key(architecture)
     data = step_time_curves(profile, cluster, machines, architectures=(key,))
     return list(zip(data["machines"], data["step_time_s"][key]))

@@ -36,6 +36,12 @@ Per-participant volume (to and from all its peers)
   ``2 * I * a * R * (n-1)``
 * sparse-as-dense AR: the sparse gradient densified, then allreduced: ``4 * m * (n-1) / n``
 * PS of a dense variable: the PS formula with ``a = 1`` and no indices, ``4 * m * (n-1) / n``.
+* plain Horovod's default for a sparse gradient (``horovod_bytes_per_step``): the
+  ``IndexedSlices`` allgathered as TensorFlow made it, one row per lookup, duplicates
+  included, so the profiled ``grad_bytes_per_step`` (``s`` bytes of values + indices per
+  worker) replaces ``a * (m + I * R)``: ``2 * c * s * (n-1)``, with ``c = G`` slices
+  concatenated per participant under local aggregation (no dedupe), ``c = 1`` without.
+  parallax_nb's own AR sums duplicates first, so its AR figure uses the unique rows.
 
 From participants to one machine's link
 ---------------------------------------
@@ -107,6 +113,11 @@ def allgather_index_bytes(alpha: float, rows: int, n: int) -> float:
     return 2.0 * INDEX_BYTES * alpha * rows * (n - 1)
 
 
+def allgather_duplicates_bytes(slice_bytes: float, n: int) -> float:
+    """Allgatherv of a participant's un-deduplicated slices of ``s`` bytes: ``2 * s * (n-1)`` bytes."""
+    return 2.0 * slice_bytes * (n - 1)
+
+
 def rounds(collective: str, n: int) -> int:
     """Sequential message rounds of one collective among n participants (0 when n = 1)."""
     per_ring = {"allreduce": 2, "allgather": 2, "ps_sparse": 3, "ps_dense": 2}[collective]
@@ -114,7 +125,7 @@ def rounds(collective: str, n: int) -> int:
 
 
 def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
-    """Bytes per machine per step of ``var`` under PS, AR and sparse-as-dense AR on ``cluster``.
+    """Bytes per machine per step of ``var`` under PS, AR, sparse-as-dense AR and plain Horovod.
 
     See the module docstring for every formula. ``alpha`` is ``alpha_for_workers(G)`` with
     local aggregation and ``alpha_for_workers(1)`` without (1 for a dense variable).
@@ -131,10 +142,14 @@ def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
         ps = ps_value_bytes(alpha, m, n) * scale + ps_index
         ar = allgather_value_bytes(alpha, m, n) * scale + ar_index
         ps_rounds, ar_rounds = rounds("ps_sparse", n), rounds("allgather", n)
+        slices = cluster.workers_per_machine if cluster.local_aggregation else 1
+        per_worker = var.grad_bytes_per_step if var.grad_bytes_per_step > 0 else \
+            var.alpha_for_workers(1) * rows * (var.row_bytes + INDEX_BYTES)
+        horovod = allgather_duplicates_bytes(slices * per_worker, n) * scale
     else:
         alpha = 1.0
         ps_index = ar_index = 0.0
-        ps = ar = dense_volume
+        ps = ar = horovod = dense_volume
         ps_rounds, ar_rounds = rounds("ps_dense", n), rounds("allreduce", n)
     if cluster.machines == 1:
         ps_rounds = ar_rounds = 0
@@ -143,5 +158,5 @@ def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
         participants=n, participants_per_machine=g,
         ps_bytes_per_step=ps, ar_bytes_per_step=ar, sparse_as_dense_bytes_per_step=dense_volume,
         ps_index_bytes_per_step=ps_index, ar_index_bytes_per_step=ar_index,
-        ps_messages_per_step=ps_rounds, ar_messages_per_step=ar_rounds,
+        ps_messages_per_step=ps_rounds, ar_messages_per_step=ar_rounds, horovod_bytes_per_step=horovod,
     )
