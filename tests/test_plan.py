@@ -256,3 +256,13 @@ def test_dataframe_and_summary(plan):
 def test_plan_pickles_for_the_engines(plan):
     loaded = pickle.loads(pickle.dumps(plan))
     assert loaded == plan and loaded.method("embedding") is Method.PS and hash(loaded) == hash(plan)
+
+
+def test_estimates_follow_the_plans_local_aggregation_switch(plan, profile):
+    from dataclasses import replace as dc_replace
+
+    from parallax_nb.cost import estimate
+
+    off = dc_replace(plan, local_aggregation=False)
+    assert estimate(profile, off).cluster.local_aggregation is False
+    assert estimate(profile, off).bytes_per_machine_per_step > estimate(profile, plan).bytes_per_machine_per_step

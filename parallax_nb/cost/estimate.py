@@ -129,10 +129,14 @@ def _whole_model(profile: Profile, cluster: ClusterSpec, costs: Sequence[Variabl
 def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Estimate:
     """Estimated bytes, communication and step time of ``plan`` for ``profile``.
 
-    ``cluster`` defaults to the plan's own; the plan must name exactly the profile's variables.
-    Speedups compare with all-AR and all-PS on the same cluster.
+    ``cluster`` defaults to the plan's own, with the plan's ``local_aggregation`` (the switch
+    the runtime follows); the plan must name exactly the profile's variables. Speedups compare
+    with all-AR and all-PS on the same cluster.
     """
-    cluster = cluster if cluster is not None else plan.cluster
+    if cluster is None and plan.cluster is not None:
+        cluster = plan.cluster
+        if cluster.local_aggregation != plan.local_aggregation:
+            cluster = cluster.replace(local_aggregation=plan.local_aggregation)
     if cluster is None:
         raise PlanError(f"plan for {plan.model_name!r} was made without a cluster, so it has no cost",
                         hint="pass cluster=ClusterSpec(...) to estimate(), or make the plan with make_plan()")
