@@ -1,0 +1,380 @@
+"""Assemble a report's data: one plain, JSON-ready dict from a Profile, a Plan and a run.
+
+The dict is the report: the HTML, CSV and JSON are all drawn from it, and a report read back
+from JSON redraws the same page. Every figure comes from the cost model
+(:mod:`parallax_nb.cost`) or from the run summary; nothing is recomputed here except the
+differences between them.
+
+Predicted against measured, like with like: a run reports, per rank, the mean bytes it sent
+plus received per step (``bytes_sent_per_step + bytes_received_per_step``). The model's
+figure is per machine per step; it is computed for a cluster of ``ranks`` machines with one
+worker each (one rank = one machine, so per machine = per rank), with the plan's bandwidth,
+latency and local-aggregation setting and the run's per-variable methods. error % =
+100 * (measured - predicted) / predicted, None where the prediction is 0.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime, timezone
+
+from ..errors import ConfigError, PlanError
+from ..plan import Plan
+from ..types import Architecture, ClusterSpec, Method, Profile
+
+SCHEMA = "parallax_nb.report"
+SCHEMA_VERSION = 1
+RUN_SCHEMA = "parallax_nb.run"
+RUN_SCHEMA_VERSION = 1
+CURVE_MACHINES = range(1, 65)
+SPARSE_AS_DENSE = "sparse_as_dense"  # plain Horovod with sparse_as_dense=True (cost.SPARSE_AS_DENSE)
+_ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4}
+ARCHITECTURE_LABELS = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO",
+                       SPARSE_AS_DENSE: "sparse-as-dense AR", "custom": "this plan (custom)"}
+
+# What the report itself assumes, on top of the cost model's own assumptions.
+REPORT_ASSUMPTIONS = (
+    "Bytes are sent + received per machine per step, averaged over steps; a machine's "
+    "workers share its link.",
+    "Step time = the profiled single-device compute time per step + the estimated "
+    "communication time.",
+    "Measured against predicted: a run's per-rank bytes (sent + received, mean per step) are "
+    "compared with the model's per-machine figure for a cluster of <ranks> machines x 1 "
+    "worker, with the plan's bandwidth and latency and the run's per-variable methods.",
+)
+
+_RUN_FIELDS = {
+    "ranks": int, "machines": int, "workers_per_machine": int, "architecture": str, "steps": int,
+    "batch_size_per_rank": int, "step_time_s_median": float, "examples_per_s_median": float,
+    "final_loss": float, "bytes_sent_per_step": float, "bytes_received_per_step": float,
+}
+_RUN_VARIABLE_FIELDS = {"method": str, "bytes_sent_per_step": float, "bytes_received_per_step": float}
+
+
+def _number(x) -> float | None:
+    """A float for JSON, None for NaN or infinity (JSON has no such numbers)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def error_pct(predicted: float | None, measured: float | None) -> float | None:
+    """100 * (measured - predicted) / predicted; None where predicted is 0 or unknown."""
+    if predicted is None or measured is None or predicted == 0:
+        return None
+    return 100.0 * (measured - predicted) / predicted
+
+
+# ---------------------------------------------------------------- the run summary
+
+def load_run(run) -> dict | None:
+    """The run summary dict from None, a dict, a run directory (or its run.json) or an object
+    with ``.summary()``; validated against the ``parallax_nb.run`` schema, version 1."""
+    if run is None:
+        return None
+    source = "run summary"
+    if isinstance(run, (str, os.PathLike)):
+        from ..io import load_json
+
+        path = os.fspath(run)
+        if os.path.isdir(path):
+            path = os.path.join(path, "run.json")
+            if not os.path.exists(path):
+                raise ConfigError(f"run directory {os.fspath(run)!r} has no run.json",
+                                  hint="pass the --output directory of `python -m parallax_nb run`")
+        source = path
+        summary = load_json(path, what="run summary")
+    elif isinstance(run, dict):
+        summary = run
+    elif callable(getattr(run, "summary", None)):
+        summary = run.summary()
+        source = f"{type(run).__name__}.summary()"
+    else:
+        raise ConfigError(f"cannot read a run from {type(run).__name__} {run!r:.80}",
+                          hint="pass None, a run summary dict, a run directory with run.json, "
+                               "or a training result with .summary()")
+    return validate_run(summary, source)
+
+
+def validate_run(summary, source: str = "run summary") -> dict:
+    """A clean copy of a run summary, or a ConfigError naming the field that is wrong."""
+    if not isinstance(summary, dict) or summary.get("schema") != RUN_SCHEMA:
+        raise ConfigError(f"{source} is not a parallax_nb run summary (expected 'schema': {RUN_SCHEMA!r}, "
+                          f"got {summary.get('schema') if isinstance(summary, dict) else type(summary).__name__!r})")
+    if summary.get("schema_version") != RUN_SCHEMA_VERSION:
+        raise ConfigError(f"{source} has schema_version {summary.get('schema_version')!r}; this parallax_nb "
+                          f"reads version {RUN_SCHEMA_VERSION}", hint="regenerate it with this version")
+    clean = {"schema": RUN_SCHEMA, "schema_version": RUN_SCHEMA_VERSION}
+    clean.update(_typed_fields(summary, _RUN_FIELDS, source))
+    if clean["ranks"] < 1:
+        raise ConfigError(f"{source}: ranks must be >= 1, got {clean['ranks']}")
+    variables = summary.get("variables")
+    if not isinstance(variables, dict):
+        raise ConfigError(f"{source} lacks its 'variables' mapping (name -> bytes per step)")
+    clean["variables"] = {}
+    for name, entry in variables.items():
+        where = f"{source}: variable {name!r}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} is not a mapping")
+        v = dict(entry)
+        v.update(_typed_fields(entry, _RUN_VARIABLE_FIELDS, where))
+        if v["method"] not in (m.value for m in Method):
+            raise ConfigError(f"{where} has unknown method {v['method']!r}", hint="expected 'ps' or 'ar'")
+        clean["variables"][str(name)] = v
+    return clean
+
+
+def _typed_fields(d: dict, spec: dict, where: str) -> dict:
+    out = {}
+    for key, typ in spec.items():
+        if key not in d:
+            raise ConfigError(f"{where} lacks field {key!r}")
+        value = d[key]
+        try:
+            if typ is int and (isinstance(value, bool) or float(value) != int(value)):
+                raise ValueError
+            out[key] = typ(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: field {key!r} should be {typ.__name__}, got {value!r}") from None
+        if typ is float and not math.isfinite(out[key]):
+            out[key] = None if key in ("final_loss",) else _raise_nonfinite(where, key, value)
+    return out
+
+
+def _raise_nonfinite(where, key, value):
+    raise ConfigError(f"{where}: field {key!r} must be finite, got {value!r}")
+
+
+# ---------------------------------------------------------------- the report data
+
+def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | None = None,
+                      notes: str | None = None) -> dict:
+    """Everything the report shows, as plain JSON-ready data (schema ``parallax_nb.report`` v1).
+
+    Bytes and times come from :func:`parallax_nb.cost.estimate` on the plan's cluster (not the
+    figures stored in the plan, which may come from another profile); methods and partitions
+    come from the plan.
+    """
+    from .. import __version__, cost
+
+    if not isinstance(profile, Profile):
+        raise ConfigError(f"report() needs a parallax_nb Profile, got {type(profile).__name__}",
+                          hint="profile the job first: px.profile(job) or Profile.from_json(path)")
+    if not isinstance(plan, Plan):
+        raise ConfigError(f"report() needs a parallax_nb Plan, got {type(plan).__name__}",
+                          hint="make one with px.make_plan(profile, cluster) or Plan.from_json(path)")
+    if plan.cluster is None:
+        raise PlanError(f"plan for {plan.model_name!r} has no cluster, so the report has nothing to estimate",
+                        hint="make the plan with make_plan(profile, ClusterSpec...) or `python -m parallax_nb plan`")
+    run_summary = load_run(run)
+    cluster = plan.cluster
+    plan_estimate = cost.estimate(profile, plan)  # also checks the plan names the profile's variables
+    by_arch = {_key(k): v for k, v in cost.compare_architectures(profile, cluster).items()}
+    costs = {c.name: c for c in plan_estimate.variables}
+
+    data = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "generated_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "parallax_nb_version": __version__,
+        "title": title or f"parallax_nb cost report: {profile.model_name}",
+        "notes": notes,
+        "profile": _profile_data(profile),
+        "cluster": _cluster_data(cluster),
+        "plan": {"architecture": plan.architecture.value, "overrides": list(plan.overrides),
+                 **_estimate_data(plan_estimate)},
+        "assumptions": list(cost_assumptions()) + list(REPORT_ASSUMPTIONS),
+        "variables": [_variable_data(var, plan[var.name], costs[var.name]) for var in profile.variables],
+        "architectures": [
+            {"name": key, "label": ARCHITECTURE_LABELS.get(key, key), **_estimate_data(est)}
+            for key, est in sorted(by_arch.items(), key=lambda kv: _ARCH_RANK.get(kv[0], 99))
+        ],
+        "step_time_curve": step_time_curves(profile, cluster),
+        "measured": None,
+    }
+    if run_summary is not None:
+        data["measured"] = measured_against_predicted(profile, plan, run_summary)
+    return data
+
+
+def _key(architecture) -> str:
+    return architecture.value if isinstance(architecture, Architecture) else str(architecture)
+
+
+def _profile_data(profile: Profile) -> dict:
+    return {
+        "model_name": profile.model_name,
+        "batch_size": profile.batch_size,
+        "steps": profile.steps,
+        "step_time_s": _number(profile.step_time_s),
+        "peak_memory_bytes": int(profile.peak_memory_bytes),
+        "variables_count": len(profile.variables),
+        "sparse_variables_count": sum(v.is_sparse for v in profile.variables),
+        "total_bytes": int(profile.total_bytes),
+        "sparse_bytes": int(profile.sparse_bytes),
+        "environment": {str(k): str(v) for k, v in profile.environment.items()},
+    }
+
+
+def _cluster_data(cluster: ClusterSpec) -> dict:
+    return {
+        "machines": cluster.machines,
+        "workers_per_machine": cluster.workers_per_machine,
+        "workers": cluster.workers,
+        "bandwidth_bps": float(cluster.bandwidth_bps),
+        "latency_s": float(cluster.latency_s),
+        "local_aggregation": bool(cluster.local_aggregation),
+    }
+
+
+_ESTIMATE_FIELDS = ("bytes_per_machine_per_step", "index_bytes_per_machine_per_step", "messages_per_step",
+                    "compute_time_s", "transfer_time_s", "latency_time_s", "comm_time_s", "step_time_s",
+                    "examples_per_s", "speedup_vs_ar", "speedup_vs_ps")
+
+
+def _estimate_data(est) -> dict:
+    """The figures of one :class:`parallax_nb.types.Estimate` (see its docstring for the formulas)."""
+    return {name: _number(getattr(est, name, None)) for name in _ESTIMATE_FIELDS}
+
+
+def _variable_data(var, vp, c) -> dict:
+    """One row: the profile's facts, the plan's choice, the cost model's bytes (VariableCost ``c``).
+
+    ``alpha`` is the profiled fraction of rows one worker touches per step; ``alpha_per_machine``
+    is what the cost model charged a participant (the union of a machine's workers with local
+    aggregation); both are 1 for a dense variable.
+    """
+    return {
+        "name": var.name,
+        "kind": var.kind.value,
+        "shape": list(var.shape),
+        "dtype": var.dtype,
+        "size_bytes": int(var.size_bytes),
+        "alpha": _number(var.alpha_mean if var.is_sparse else 1.0),
+        "alpha_per_machine": _number(c.alpha),
+        "ps_bytes_per_step": _number(c.ps_bytes_per_step),
+        "ar_bytes_per_step": _number(c.ar_bytes_per_step),
+        "sparse_as_dense_bytes_per_step": _number(c.sparse_as_dense_bytes_per_step),
+        "method": vp.method.value,
+        "partitions": int(vp.partitions),
+    }
+
+
+# ---------------------------------------------------------------- predicted against measured
+
+def run_cluster(cluster: ClusterSpec, ranks: int) -> ClusterSpec:
+    """The cluster a run's per-rank figures are compared with: ``ranks`` machines x 1 worker,
+    the plan's bandwidth, latency and local-aggregation setting."""
+    return cluster.replace(machines=int(ranks), workers_per_machine=1)
+
+
+def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
+    """Predicted and measured bytes per rank per step (in all and per variable) and step time.
+
+    The prediction uses the run's own per-variable methods where the run names them (the
+    plan's elsewhere), on :func:`run_cluster`. See the module docstring for the basis.
+    """
+    from .. import cost
+
+    warnings = []
+    run_vars = run["variables"]
+    unknown = sorted(set(run_vars) - set(plan.names))
+    if unknown:
+        warnings.append(f"the run reports variables the profile does not have: {unknown}; "
+                        f"they are left out of the per-variable comparison")
+    missing = sorted(set(plan.names) - set(run_vars))
+    if missing:
+        warnings.append(f"the run reports no bytes for {missing}; the prediction uses the plan's methods for them")
+    methods = {name: v["method"] for name, v in run_vars.items() if name in plan}
+    run_plan = plan.with_methods(methods)
+    spec = run_cluster(plan.cluster, run["ranks"])
+    est = cost.estimate(profile, run_plan, cluster=spec)
+    if run["batch_size_per_rank"] != profile.batch_size:
+        warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
+                        f"batch {profile.batch_size}: the prediction's alpha and compute time are for the profiled batch")
+
+    measured_total = run["bytes_sent_per_step"] + run["bytes_received_per_step"]
+    totals = [
+        {"quantity": "bytes sent + received per rank per step", "unit": "bytes",
+         "predicted": _number(est.bytes_per_machine_per_step), "measured": _number(measured_total),
+         "error_pct": _number(error_pct(est.bytes_per_machine_per_step, measured_total))},
+        {"quantity": "step time (median)", "unit": "s", "predicted": _number(est.step_time_s),
+         "measured": _number(run["step_time_s_median"]),
+         "error_pct": _number(error_pct(est.step_time_s, run["step_time_s_median"]))},
+    ]
+    per_variable = []
+    for c, method in zip(est.variables, est.methods):
+        if c.name not in run_vars:
+            continue
+        measured = run_vars[c.name]["bytes_sent_per_step"] + run_vars[c.name]["bytes_received_per_step"]
+        predicted = c.bytes_for(method)
+        per_variable.append({"name": c.name, "method": method.value, "predicted_bytes_per_step": _number(predicted),
+                             "measured_bytes_per_step": _number(measured),
+                             "error_pct": _number(error_pct(predicted, measured))})
+    basis = (f"Like with like: the run's bytes are per rank (sent + received, mean per step over "
+             f"{run['steps']} steps); the prediction is the cost model's per-machine figure for a cluster of "
+             f"{spec.machines} machine(s) x 1 worker (one rank per machine), with the plan's bandwidth "
+             f"({spec.bandwidth}) and latency ({spec.latency_s * 1e6:g} us) and the run's per-variable methods. "
+             f"The predicted step time is the profiled compute time plus communication at that bandwidth; "
+             f"the run's links (e.g. loopback on one host) may be much faster or slower.")
+    return {
+        "basis": basis,
+        "run": {k: run[k] for k in _RUN_FIELDS},
+        "prediction_cluster": _cluster_data(spec),
+        "prediction": _estimate_data(est),
+        "totals": totals,
+        "variables": per_variable,
+        "warnings": warnings,
+    }
+
+
+# ---------------------------------------------------------------- cost-model pieces
+
+# The cost model's assumptions, in words (from the docstrings of parallax_nb.cost.model,
+# parallax_nb.cost.planner and parallax_nb.types.Estimate). Used when the cost package does
+# not publish its own ``ASSUMPTIONS``.
+COST_ASSUMPTIONS = (
+    "Every byte figure is what one machine's network link sends plus receives in one step, "
+    "an expectation over steps; traffic inside a machine (shared memory, PCIe, NVLink) is free.",
+    "No overlap: step time = profiled compute time + communication time; communication time = "
+    "bytes / (bandwidth / 8) + message rounds x latency.",
+    "Compute time per step is the profiled single-device time at the profiled batch size; it "
+    "does not change with the number of machines.",
+    "Dense AllReduce is a ring (reduce-scatter then allgather): 4·m·(n−1)/n bytes per "
+    "participant for a variable of m bytes among n participants.",
+    "AllReduce of a sparse gradient is Horovod's allgatherv of values and int64 indices: "
+    "2·α·m·(n−1) + 2·8·α·R·(n−1) bytes (R rows, α = fraction of rows sent).",
+    "Parameter server: one server shard per participant, rows spread evenly over the shards; "
+    "pull rows, push gradients, serve the own shard: 4·α·m·(n−1)/n bytes plus ids "
+    "2·8·α·R·(n−1)/n (α = 1 and no ids for a dense variable).",
+    "Sparse-as-dense AR densifies a sparse gradient and ring-allreduces it: 4·m·(n−1)/n bytes.",
+    "Local aggregation (when on): a machine's workers combine gradients first, so one "
+    "participant per machine crosses the network and a sparse variable sends the union of its "
+    "workers' rows (α measured for G workers by the profiler, not G·α). When off, every worker "
+    "is a participant and a machine carries the traffic of all its workers.",
+    "A participant's volume is spread evenly over its peers; the share leaving a machine is "
+    "(n−g)/(n−1) for g participants per machine; nothing crosses machines on one machine.",
+    "Latency rounds per step: ring allreduce and sparse allgather 2·(n−1), sparse PS 3·(n−1), "
+    "dense PS 2·(n−1); each round costs the cluster's per-message latency.",
+    "Partitions do not change bytes or rounds in the model (rows assumed spread evenly over "
+    "owners); the runtime's partition search measures their effect.",
+    "α was measured on the profiled batches; the sparsity of other batches may differ.",
+)
+
+
+def cost_assumptions() -> tuple[str, ...]:
+    from .. import cost
+
+    published = getattr(cost, "ASSUMPTIONS", None)
+    return tuple(str(a) for a in published) if published else COST_ASSUMPTIONS
+
+
+def step_time_curves(profile: Profile, cluster: ClusterSpec, machines=CURVE_MACHINES) -> dict:
+    """Estimated step time of every architecture (and sparse-as-dense) on 1..64 machines of the
+    cluster's kind: ``{"machines": [...], "step_time_s": {architecture: [seconds, ...]}}``."""
+    from .. import cost
+
+    curves = cost.step_time_curves(profile, cluster, machines=machines)
+    return {"machines": [int(m) for m in curves["machines"]],
+            "step_time_s": {_key(k): [_number(t) for t in ts] for k, ts in curves["step_time_s"].items()}}
