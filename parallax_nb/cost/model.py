@@ -52,6 +52,10 @@ the share that leaves the machine is ``r = (n - g) / (n - 1)`` (``r = 0`` when `
 
     machine bytes = g * r * per-participant bytes
 
+(This is "G times one worker's bytes among W participants" scaled by r, the share of a
+worker's peers that live on other machines; without r a single machine of G workers would
+seem to use the network.)
+
 With local aggregation ``g = 1, r = 1`` and the figures are DESIGN.md §6's formulas with N
 machines. Without it, dense and PS figures become ``G`` times the per-machine formula with N
 (e.g. ``4 * G * m * (N-1) / N``), and the sparse AR figure becomes
