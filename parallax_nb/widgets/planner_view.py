@@ -83,8 +83,11 @@ def render_chart(planner: Planner) -> bytes:
     compute + communication."""
     table = planner.table
     n = len(table)
-    fig = style.new_figure(10.5, max(2.6, 0.9 + 0.3 * n))
-    grid = fig.add_gridspec(1, 2, width_ratios=[1.6, 1.0], wspace=0.45)
+    margin = style.label_margin_in(table.index)
+    width, height = 7.8 + margin, min(max(2.8, 1.1 + 0.3 * n), 9.0)
+    fig = style.new_figure(width, height)
+    grid = fig.add_gridspec(1, 2, width_ratios=[1.6, 1.0], wspace=0.3, left=margin / width, right=0.98,
+                            top=1 - 0.35 / height, bottom=0.6 / height)
     ax = fig.add_subplot(grid[0, 0])
     ys = list(range(n))
     for offset, method in ((-0.19, "ps"), (0.19, "ar")):
@@ -123,6 +126,13 @@ def render_chart(planner: Planner) -> bytes:
     return style.figure_png(fig)
 
 
+def chart_key(planner: Planner) -> tuple:
+    """Everything :func:`render_chart` draws; equal keys mean an identical chart."""
+    baselines = tuple((str(arch), planner.estimates[arch].comm_time_s, planner.estimates[arch].step_time_s)
+                      for arch, _label in BASELINES)
+    return (tuple(planner.table.itertuples()), baselines, planner.comm_time_s, planner.step_time_s)
+
+
 def _label(text: str) -> widgets.HTML:
     return widgets.HTML(f'<span style="{style.FONT} font-size: 12.5px; color: #3c4048">{text}</span>',
                         layout=widgets.Layout(width="150px"))
@@ -141,6 +151,7 @@ class PlannerView(widgets.VBox):
     def __init__(self, planner: Planner, **kwargs):
         self.planner = planner
         self._syncing = False
+        self._chart_key = None
         names = planner.profile.names
         slider = dict(continuous_update=False, layout=widgets.Layout(width="300px"))
         self.machines = widgets.IntSlider(min=1, max=max(64, _int_or(planner.machines, 1)), **slider)
@@ -166,7 +177,7 @@ class PlannerView(widgets.VBox):
         title = widgets.HTML(style.heading(
             f"Parallax planner: {planner.profile.model_name}",
             "Per-variable PS vs AR transfer volume and the estimated step time; every change recomputes."))
-        cluster_box = widgets.VBox([
+        cluster_box = widgets.VBox(layout=widgets.Layout(margin="0 28px 0 0"), children=[
             _row("machines", self.machines),
             _row("workers per machine", self.workers_per_machine),
             _row("bandwidth", self.bandwidth),
@@ -180,9 +191,10 @@ class PlannerView(widgets.VBox):
             _row("its partitions", self.partitions),
         ])
         controls = widgets.HBox([cluster_box, plan_box], layout=widgets.Layout(
-            gap="28px", padding="10px 12px", border="1px solid #e1e4e8", flex_flow="row wrap"))
-        super().__init__([title, controls, self.error, self.summary, self.table, self.chart],
-                         layout=widgets.Layout(gap="8px"), **kwargs)
+            padding="10px 12px", margin="0 0 8px 0", border="1px solid #e1e4e8", flex_flow="row wrap"))
+        for output in (self.error, self.summary, self.table):
+            output.layout.margin = "0 0 8px 0"
+        super().__init__([title, controls, self.error, self.summary, self.table, self.chart], **kwargs)
         self.add_class("parallax-planner-view")
 
         for name in ("machines", "workers_per_machine", "bandwidth", "architecture", "local_aggregation"):
@@ -248,7 +260,10 @@ class PlannerView(widgets.VBox):
             self.error.layout.display = None
         self.summary.value = render_summary(p)
         self.table.value = render_table(p)
-        self.chart.value = render_chart(p)
+        key = chart_key(p)
+        if key != self._chart_key:     # an invalid input keeps the last plan: no redraw
+            self.chart.value = render_chart(p)
+            self._chart_key = key
 
     def _sync_override_controls(self) -> None:
         name = self.variable.value

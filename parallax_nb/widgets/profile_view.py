@@ -31,10 +31,13 @@ def _alpha_text(alpha: float) -> str:
 def render_chart(profile: Profile) -> bytes:
     """Horizontal bars per variable: size (light) and gradient bytes per step (dark), log scale."""
     variables = list(profile.variables)
-    height = 0.9 + 0.32 * max(len(variables), 1)
-    fig = style.new_figure(7.2, min(height, 9.0))
-    ax = fig.add_subplot(1, 1, 1)
     names = [v.name for v in variables]
+    height = min(1.0 + 0.32 * max(len(variables), 1), 9.0)
+    width = 4.6 + style.label_margin_in(names)
+    fig = style.new_figure(width, height)
+    fig.subplots_adjust(left=style.label_margin_in(names) / width, right=0.97, top=1 - 0.35 / height,
+                        bottom=0.45 / height)
+    ax = fig.add_subplot(1, 1, 1)
     ys = list(range(len(variables)))
     colors = [style.KIND_COLORS[v.kind.value] for v in variables]
     ax.barh([y - 0.19 for y in ys], [max(v.size_bytes, 1) for v in variables], height=0.36,
@@ -47,8 +50,7 @@ def render_chart(profile: Profile) -> bytes:
     style.log_bytes_axis(ax.xaxis)
     style.style_axes(ax)
     ax.set_title("bytes per variable (teal: sparse, grey: dense; light: size, dark: gradient per step)",
-                 fontsize=9, color="#3c4048", loc="left")
-    fig.tight_layout()
+                 fontsize=9, color="#3c4048", loc="right")
     return style.figure_png(fig)
 
 

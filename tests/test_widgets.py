@@ -1,0 +1,272 @@
+"""The planner and profile views, driven without a browser: set widget values and read the
+model, or set model values and read the widgets. Every figure is checked against
+parallax_nb.cost / parallax_nb.plan computed independently for the same inputs."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+import parallax_nb as px
+from parallax_nb import cost
+from parallax_nb.errors import ConfigError, ParallaxError, PlanError
+from parallax_nb.plan import make_plan
+from parallax_nb.types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, format_bytes
+from parallax_nb.widgets import Planner, PlannerView, ProfileView, plan
+
+
+@pytest.fixture(scope="module")
+def profile():
+    """A real profile of the tiny LM (3 sparse variables, 5 dense), measured once."""
+    from parallax_nb.workloads import lm_job
+
+    return px.profile(lm_job("tiny"), steps=5, warmup=1)
+
+
+@pytest.fixture
+def planner(profile):
+    return plan(profile, machines=8, workers_per_machine=6, bandwidth="10Gbit/s")
+
+
+@pytest.fixture
+def view(planner):
+    v = PlannerView(planner)
+    yield v
+    v.close()
+
+
+def expected(profile, machines, workers, bandwidth, local_aggregation=True, architecture="auto",
+             methods=None, partitions=None):
+    """Plan, estimate and baselines straight from the cost model for these inputs."""
+    cluster = ClusterSpec.create(machines, workers, bandwidth, local_aggregation=local_aggregation)
+    p = make_plan(profile, cluster, architecture, partitions=partitions)
+    if methods:
+        p = p.with_methods(methods, partitions={k: v for k, v in (partitions or {}).items() if k in methods})
+    return cluster, p, cost.estimate(profile, p), cost.compare_architectures(profile, cluster)
+
+
+def assert_planner_matches(planner, profile, **inputs):
+    cluster, expected_plan, expected_estimate, baselines = expected(profile, **inputs)
+    assert planner.ok, planner.error
+    assert planner.cluster == cluster
+    assert planner.plan == expected_plan
+    assert planner.estimate == expected_estimate
+    assert planner.estimates == baselines
+    table = planner.table
+    assert list(table.index) == profile.names
+    for var in profile.variables:
+        figures = cost.variable_cost(var, cluster)
+        row = table.loc[var.name]
+        assert row["ps_bytes_per_step"] == pytest.approx(figures.ps_bytes_per_step, abs=0.5)
+        assert row["ar_bytes_per_step"] == pytest.approx(figures.ar_bytes_per_step, abs=0.5)
+        assert row["method"] == expected_plan[var.name].method.value
+        assert row["partitions"] == expected_plan[var.name].partitions
+        assert row["kind"] == var.kind.value
+        assert row["size_bytes"] == var.size_bytes
+    assert planner.comm_time_s == pytest.approx(expected_estimate.comm_time_s)
+    assert planner.step_time_s == pytest.approx(expected_estimate.step_time_s)
+    assert planner.speedup_vs_ar == pytest.approx(baselines[Architecture.AR].step_time_s / expected_estimate.step_time_s)
+    assert planner.speedup_vs_ps == pytest.approx(baselines[Architecture.PS].step_time_s / expected_estimate.step_time_s)
+    assert planner.speedup_vs_ar == pytest.approx(expected_estimate.speedup_vs_ar)
+
+
+def test_initial_plan_equals_cost_model(planner, profile):
+    assert_planner_matches(planner, profile, machines=8, workers=6, bandwidth="10Gbit/s")
+    # AUTO on 8 machines: PS for the sparse variables, AR for the dense ones (issue 4's rule)
+    methods = planner.table["method"].to_dict()
+    assert {n for n, m in methods.items() if m == "ps"} == {v.name for v in profile.variables if v.is_sparse}
+
+
+@pytest.mark.parametrize("widget_changes, inputs", [
+    ({"machines": 2}, dict(machines=2, workers=6, bandwidth="10Gbit/s")),
+    ({"machines": 32, "workers_per_machine": 2}, dict(machines=32, workers=2, bandwidth="10Gbit/s")),
+    ({"bandwidth": "100 Gbps"}, dict(machines=8, workers=6, bandwidth="100Gbit/s")),
+    ({"bandwidth": "1.25GB/s", "machines": 3}, dict(machines=3, workers=6, bandwidth="10Gbit/s")),
+    ({"local_aggregation": False}, dict(machines=8, workers=6, bandwidth="10Gbit/s", local_aggregation=False)),
+    ({"architecture": "ar"}, dict(machines=8, workers=6, bandwidth="10Gbit/s", architecture="ar")),
+    ({"architecture": "ps", "machines": 4}, dict(machines=4, workers=6, bandwidth="10Gbit/s", architecture="ps")),
+    ({"architecture": "hybrid", "local_aggregation": False, "bandwidth": "1Gbit/s"},
+     dict(machines=8, workers=6, bandwidth="1Gbit/s", architecture="hybrid", local_aggregation=False)),
+])
+def test_setting_widgets_recomputes_the_model(view, planner, profile, widget_changes, inputs):
+    for name, value in widget_changes.items():
+        getattr(view, name).value = value
+    assert_planner_matches(planner, profile, **inputs)
+    # what the view shows is the recomputed model
+    assert format_bytes(planner.estimate.bytes_per_machine_per_step) in view.summary.value
+    assert f"{planner.speedup_vs_ar:.2f}x" in view.summary.value
+    assert f"{planner.speedup_vs_ps:.2f}x" in view.summary.value
+    for name, row in planner.table.iterrows():
+        assert name in view.table.value
+        assert format_bytes(row["ps_bytes_per_step"]) in view.table.value
+    assert view.chart.value[:4] == b"\x89PNG"
+
+
+def test_local_aggregation_changes_the_sparse_figures(view, planner, profile):
+    with_la = planner.table.copy()
+    view.local_aggregation.value = False
+    without = planner.table
+    sparse = [v.name for v in profile.variables if v.is_sparse]
+    # without local aggregation each of the 6 workers per machine is a participant of its own
+    for name in sparse:
+        assert without.loc[name, "ar_bytes_per_step"] > with_la.loc[name, "ar_bytes_per_step"]
+
+
+def test_setting_the_model_updates_the_widgets(view, planner, profile):
+    planner.set(machines=12, workers_per_machine=3, bandwidth="100Gbit/s", architecture="ps",
+                local_aggregation=False, latency_s=50e-6)
+    assert (view.machines.value, view.workers_per_machine.value) == (12, 3)
+    assert view.bandwidth.value == "100Gbit/s"
+    assert view.architecture.value == "ps"
+    assert view.local_aggregation.value is False
+    assert view.latency_us.value == pytest.approx(50.0)
+    cluster = ClusterSpec.create(12, 3, "100Gbit/s", latency_s=50e-6, local_aggregation=False)
+    assert planner.estimate == cost.estimate(profile, make_plan(profile, cluster, "ps"))
+    planner.machines = 200   # beyond the slider's range: the slider grows to show it
+    assert view.machines.value == 200 and view.machines.max >= 200
+
+
+def test_per_variable_overrides_through_the_view(view, planner, profile):
+    sparse = next(v.name for v in profile.variables if v.is_sparse)
+    dense = next(v.name for v in profile.variables if not v.is_sparse)
+    view.variable.value = sparse
+    view.method.value = "ar"
+    assert planner.methods == {sparse: "ar"}
+    assert planner.table.loc[sparse, "method"] == "ar"
+    view.variable.value = dense
+    view.method.value = "ps"
+    view.partitions.value = 3
+    assert planner.partitions == {dense: 3}
+    assert planner.table.loc[dense, "method"] == "ps" and planner.table.loc[dense, "partitions"] == 3
+    assert_planner_matches(planner, profile, machines=8, workers=6, bandwidth="10Gbit/s",
+                           methods={sparse: "ar", dense: "ps"}, partitions={dense: 3})
+    assert "ps *" in view.table.value.lower()           # hand-set methods are marked
+    view.variable.value = sparse                        # the controls follow the selected variable
+    assert view.method.value == "ar"
+    view.method.value = ""                              # back to the plan's own choice
+    assert sparse not in planner.methods
+    assert planner.table.loc[sparse, "method"] == "ps"
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(bandwidth="fast"), ["bandwidth", "fast"]),
+    (dict(machines=0), ["machines", "0"]),
+    (dict(workers_per_machine=-2), ["workers_per_machine", "-2"]),
+    (dict(latency_s=-1.0), ["latency", "-1"]),
+    (dict(architecture="star"), ["architecture", "star"]),
+    (dict(machines="eight"), ["machines", "eight"]),
+])
+def test_invalid_input_shows_an_error_and_keeps_the_last_plan(view, planner, change, words):
+    before_plan, before_estimate, before_table = planner.plan, planner.estimate, view.table.value
+    calls = []
+    planner.observe(calls.append)
+    planner.set(**change)                       # no exception: the view shows the problem
+    assert len(calls) == 1
+    assert isinstance(planner.error, ParallaxError)
+    assert not planner.ok
+    message = str(planner.error).lower()
+    assert all(w.lower() in message for w in words), message
+    assert planner.plan is before_plan and planner.estimate is before_estimate
+    assert view.error.layout.display != "none"
+    assert "invalid input" in view.error.value.lower()
+    assert words[-1] in view.error.value
+    assert view.table.value == before_table
+    with pytest.raises(ParallaxError):
+        planner.check()
+    planner.set(machines=8, workers_per_machine=6, bandwidth="10Gbit/s", latency_s=25e-6, architecture="auto")
+    assert planner.ok and view.error.value == "" and view.error.layout.display == "none"
+
+
+def test_invalid_bandwidth_typed_in_the_view(view, planner):
+    before = planner.plan
+    view.bandwidth.value = "fast"
+    assert isinstance(planner.error, ConfigError) and "fast" in str(planner.error)
+    assert planner.plan is before
+    assert view.bandwidth.value == "fast"       # what the user typed stays visible
+    view.bandwidth.value = "40Gbit/s"
+    assert planner.ok and planner.cluster.bandwidth_bps == 40e9
+
+
+def test_bad_overrides_are_errors_not_exceptions(planner):
+    planner.set_method("no_such_variable", "ps")
+    assert isinstance(planner.error, PlanError) and "no_such_variable" in str(planner.error)
+    planner.reset_overrides()
+    assert planner.ok
+    name = planner.profile.names[0]
+    planner.set_partitions(name, 0)
+    assert isinstance(planner.error, PlanError) and "partitions" in str(planner.error)
+    planner.set_partitions(name, None)
+    planner.set_method(name, "carrier pigeon")
+    assert isinstance(planner.error, PlanError) and "carrier pigeon" in str(planner.error)
+
+
+def test_bad_construction_raises(profile):
+    with pytest.raises(ConfigError, match="machines"):
+        plan(profile, machines=0)
+    with pytest.raises(ConfigError, match="fast"):
+        plan(profile, machines=2, bandwidth="fast")
+    with pytest.raises(ConfigError, match="Profile"):
+        plan("profile.json", machines=2)
+    with pytest.raises(ConfigError, match="gpus"):
+        plan(profile, gpus=6)
+    with pytest.raises(ConfigError, match="cannot set"):
+        plan(profile, machines=2).set(gpus=6)
+
+
+def test_cluster_argument_and_keyword_overrides(profile):
+    spec = ClusterSpec.create(4, 2, "25Gbit/s", local_aggregation=False)
+    p = plan(profile, spec, architecture="hybrid", machines=16)
+    assert p.cluster == spec.replace(machines=16)
+    assert p.plan.architecture is Architecture.HYBRID
+    assert px.plan is plan and isinstance(p, Planner)
+
+
+def test_observers_and_closing_a_view(planner):
+    seen = []
+
+    def record(p):
+        seen.append((p.cluster.machines, p.cluster.bandwidth_bps))
+
+    assert planner.observe(record) is record
+    planner.machines = 3
+    planner.set(machines=4, bandwidth="1Gbit/s")       # several inputs, one recomputation
+    assert seen == [(3, 10e9), (4, 1e9)]
+    planner.unobserve(record)
+    planner.machines = 5
+    assert len(seen) == 2
+    view = PlannerView(planner)
+    view.close()
+    planner.machines = 6                                 # a closed view no longer listens
+    assert view.machines.value == 5
+
+
+def test_speedups_and_baselines(planner, profile):
+    planner.set(machines=16, bandwidth="1Gbit/s", architecture="hybrid")
+    est = planner.estimates
+    assert set(est) >= {Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO, SPARSE_AS_DENSE}
+    assert planner.speedup_vs("hybrid") == pytest.approx(1.0)
+    assert planner.speedup_vs(SPARSE_AS_DENSE) == pytest.approx(
+        est[SPARSE_AS_DENSE].step_time_s / planner.step_time_s)
+    assert "speedup vs all-AR" in repr(planner)
+
+
+def test_profile_view_shows_every_variable(profile):
+    view = ProfileView(profile)
+    assert [r["name"] for r in view.rows] == profile.names
+    for var, row in zip(profile.variables, view.rows):
+        assert row["kind"] == var.kind.value
+        assert row["size_bytes"] == var.size_bytes
+        assert row["alpha_mean"] == var.alpha_mean
+        assert var.name in view.table.value
+        assert format_bytes(var.size_bytes) in view.table.value
+    assert profile.model_name in view.header.value
+    assert view.table.value.count("sparse") >= sum(v.is_sparse for v in profile.variables)
+    assert view.chart.value[:4] == b"\x89PNG"
+    with pytest.raises(ConfigError):
+        ProfileView({"not": "a profile"})
+
+
+def test_methods_accept_enum_values(planner, profile):
+    sparse = next(v.name for v in profile.variables if v.is_sparse)
+    planner.set_method(sparse, Method.AR)
+    assert planner.ok and planner.table.loc[sparse, "method"] == "ar"
