@@ -50,6 +50,8 @@ def _parse_kind(name: str, value: Any) -> Kind:
 def _optional_number(name: str, label: str, value: Any, upper: float | None = None) -> float | None:
     if value is None:
         return None
+    if type(value) in (int, float) and 0 <= value < math.inf and (upper is None or value <= upper):
+        return value  # the common case, checked fast: a planner rebuilds thousands of these
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
             or (upper is not None and value > upper):
         bound = f"between 0 and {upper:g}" if upper is not None else "a finite number >= 0"

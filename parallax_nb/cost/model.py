@@ -78,6 +78,7 @@ from __future__ import annotations
 from ..types import ClusterSpec, Kind, VariableCost, VariableProfile
 
 INDEX_BYTES = 8  # one int64 row index
+_ROUNDS_PER_PEER = {"allreduce": 2, "allgather": 2, "ps_sparse": 3, "ps_dense": 2}
 
 
 def participants(cluster: ClusterSpec) -> tuple[int, int]:
@@ -124,8 +125,7 @@ def allgather_duplicates_bytes(slice_bytes: float, n: int) -> float:
 
 def rounds(collective: str, n: int) -> int:
     """Sequential message rounds of one collective among n participants (0 when n = 1)."""
-    per_ring = {"allreduce": 2, "allgather": 2, "ps_sparse": 3, "ps_dense": 2}[collective]
-    return per_ring * (n - 1)
+    return _ROUNDS_PER_PEER[collective] * (n - 1)
 
 
 def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
