@@ -122,7 +122,8 @@ def check_no_negative_ids(x, step: int) -> None:
         leaves = [(str(i), t) for i, t in enumerate(tf.nest.flatten(x))]
     for name, tensor in leaves:
         if tensor.dtype.is_integer:
-            smallest = int(tf.reduce_min(tensor)) if tf.size(tensor) > 0 else 0
+            values = tensor.numpy()  # host copy of a batch of ids: cheaper than an eager reduction
+            smallest = int(values.min()) if values.size else 0
             if smallest < 0:
                 raise ProfileError(
                     f"embedding id {smallest} in input {name!r} is out of range: ids must be >= 0; "

@@ -178,6 +178,7 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
                 unique_rows.setdefault(name, []).append(ids)
                 index_counts.setdefault(name, []).append(count)
 
+    stats_start = time.perf_counter()
     profiles = []
     for name, var in zip(names, variables):
         shape = tuple(int(d) for d in var.shape)
@@ -188,9 +189,11 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
         else:
             profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
     no_gradient = [n for n in names if kinds.get(n) == "none"]
+    environment = _environment(meter.method, warmup, steps, float(sum(step_times)), no_gradient)
+    environment["statistics_wall_s"] = time.perf_counter() - stats_start
     return Profile(
         model_name=job.name, batch_size=job.batch_size, steps=steps,
         step_time_s=float(np.median(step_times)), peak_memory_bytes=meter.peak_bytes,
         variables=tuple(profiles),
-        environment=_environment(meter.method, warmup, steps, float(sum(step_times)), no_gradient),
+        environment=environment,
     )
