@@ -116,8 +116,9 @@ def test_variables_table_has_one_row_per_variable_with_the_cost_models_bytes(lm_
 def test_totals_per_architecture_are_the_cost_models(lm_profile, lm_plan, lm_report):
     rows = Tables(lm_report.html()).tables["architectures"]
     by_label = {r[0]: r for r in rows[1:]}
-    expected = cost.compare_architectures(lm_profile, CLUSTER)
-    labels = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO", cost.SPARSE_AS_DENSE: "sparse-as-dense AR"}
+    expected = cost.compare_architectures(lm_profile, CLUSTER, include_horovod=True)
+    labels = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO", cost.SPARSE_AS_DENSE: "sparse-as-dense AR",
+              cost.PLAIN_HOROVOD: "plain Horovod (defaults)"}
     assert set(by_label) == set(labels.values())
     for key, est in expected.items():
         row = by_label[labels[getattr(key, "value", key)]]
@@ -138,7 +139,7 @@ def test_charts_are_embedded_svg_images_and_nothing_is_fetched(lm_report, lm_pro
         assert root.tag.endswith("svg")
     curve = lm_report.to_dict()["step_time_curve"]
     assert curve["machines"] == list(range(1, 65))
-    assert set(curve["step_time_s"]) == {"ar", "ps", "hybrid", "auto", "sparse_as_dense"}
+    assert set(curve["step_time_s"]) == {"ar", "ps", "hybrid", "auto", "sparse_as_dense", "horovod"}
     assert curve["step_time_s"]["hybrid"][7] == pytest.approx(
         cost.step_time_curve(lm_profile, CLUSTER, "hybrid", machines=[8])[0][1])
     without_images = re.sub(r'src="data:[^"]*"', "", page)

@@ -28,9 +28,10 @@ RUN_SCHEMA = "parallax_nb.run"
 RUN_SCHEMA_VERSION = 1
 CURVE_MACHINES = range(1, 65)
 SPARSE_AS_DENSE = "sparse_as_dense"  # plain Horovod with sparse_as_dense=True (cost.SPARSE_AS_DENSE)
-_ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4}
+PLAIN_HOROVOD = "horovod"  # plain Horovod's defaults (cost.PLAIN_HOROVOD)
+_ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4, PLAIN_HOROVOD: 5}
 ARCHITECTURE_LABELS = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO",
-                       SPARSE_AS_DENSE: "sparse-as-dense AR", "custom": "this plan (custom)"}
+                       SPARSE_AS_DENSE: "sparse-as-dense AR", PLAIN_HOROVOD: "plain Horovod (defaults)"}
 
 # What the report itself assumes, on top of the cost model's own assumptions.
 REPORT_ASSUMPTIONS = (
@@ -168,9 +169,9 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
         raise PlanError(f"plan for {plan.model_name!r} has no cluster, so the report has nothing to estimate",
                         hint="make the plan with make_plan(profile, ClusterSpec...) or `python -m parallax_nb plan`")
     run_summary = load_run(run)
-    cluster = plan.cluster
-    plan_estimate = cost.estimate(profile, plan)  # also checks the plan names the profile's variables
-    by_arch = {_key(k): v for k, v in cost.compare_architectures(profile, cluster).items()}
+    cluster = planned_cluster(plan)
+    plan_estimate = cost.estimate(profile, plan, cluster)  # also checks the plan names the profile's variables
+    by_arch = {_key(k): v for k, v in cost.compare_architectures(profile, cluster, include_horovod=True).items()}
     costs = {c.name: c for c in plan_estimate.variables}
 
     data = {
@@ -196,6 +197,14 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
     if run_summary is not None:
         data["measured"] = measured_against_predicted(profile, plan, run_summary)
     return data
+
+
+def planned_cluster(plan: Plan) -> ClusterSpec:
+    """The plan's cluster with the plan's local-aggregation switch (what the runtime follows)."""
+    cluster = plan.cluster
+    if cluster.local_aggregation != plan.local_aggregation:
+        cluster = cluster.replace(local_aggregation=plan.local_aggregation)
+    return cluster
 
 
 def _key(architecture) -> str:
@@ -288,7 +297,7 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
         warnings.append(f"the run reports no bytes for {missing}; the prediction uses the plan's methods for them")
     methods = {name: v["method"] for name, v in run_vars.items() if name in plan}
     run_plan = plan.with_methods(methods)
-    spec = run_cluster(plan.cluster, run["ranks"])
+    spec = run_cluster(planned_cluster(plan), run["ranks"])
     est = cost.estimate(profile, run_plan, cluster=spec)
     if run["batch_size_per_rank"] != profile.batch_size:
         warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
@@ -331,43 +340,11 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
 
 # ---------------------------------------------------------------- cost-model pieces
 
-# The cost model's assumptions, in words (from the docstrings of parallax_nb.cost.model,
-# parallax_nb.cost.planner and parallax_nb.types.Estimate). Used when the cost package does
-# not publish its own ``ASSUMPTIONS``.
-COST_ASSUMPTIONS = (
-    "Every byte figure is what one machine's network link sends plus receives in one step, "
-    "an expectation over steps; traffic inside a machine (shared memory, PCIe, NVLink) is free.",
-    "No overlap: step time = profiled compute time + communication time; communication time = "
-    "bytes / (bandwidth / 8) + message rounds x latency.",
-    "Compute time per step is the profiled single-device time at the profiled batch size; it "
-    "does not change with the number of machines.",
-    "Dense AllReduce is a ring (reduce-scatter then allgather): 4·m·(n−1)/n bytes per "
-    "participant for a variable of m bytes among n participants.",
-    "AllReduce of a sparse gradient is Horovod's allgatherv of values and int64 indices: "
-    "2·α·m·(n−1) + 2·8·α·R·(n−1) bytes (R rows, α = fraction of rows sent).",
-    "Parameter server: one server shard per participant, rows spread evenly over the shards; "
-    "pull rows, push gradients, serve the own shard: 4·α·m·(n−1)/n bytes plus ids "
-    "2·8·α·R·(n−1)/n (α = 1 and no ids for a dense variable).",
-    "Sparse-as-dense AR densifies a sparse gradient and ring-allreduces it: 4·m·(n−1)/n bytes.",
-    "Local aggregation (when on): a machine's workers combine gradients first, so one "
-    "participant per machine crosses the network and a sparse variable sends the union of its "
-    "workers' rows (α measured for G workers by the profiler, not G·α). When off, every worker "
-    "is a participant and a machine carries the traffic of all its workers.",
-    "A participant's volume is spread evenly over its peers; the share leaving a machine is "
-    "(n−g)/(n−1) for g participants per machine; nothing crosses machines on one machine.",
-    "Latency rounds per step: ring allreduce and sparse allgather 2·(n−1), sparse PS 3·(n−1), "
-    "dense PS 2·(n−1); each round costs the cluster's per-message latency.",
-    "Partitions do not change bytes or rounds in the model (rows assumed spread evenly over "
-    "owners); the runtime's partition search measures their effect.",
-    "α was measured on the profiled batches; the sparsity of other batches may differ.",
-)
-
-
 def cost_assumptions() -> tuple[str, ...]:
+    """The cost model's assumptions in words, as :data:`parallax_nb.cost.ASSUMPTIONS` states them."""
     from .. import cost
 
-    published = getattr(cost, "ASSUMPTIONS", None)
-    return tuple(str(a) for a in published) if published else COST_ASSUMPTIONS
+    return tuple(str(a) for a in cost.ASSUMPTIONS)
 
 
 def step_time_curves(profile: Profile, cluster: ClusterSpec, machines=CURVE_MACHINES) -> dict:
@@ -375,6 +352,7 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines=CURVE_MACH
     cluster's kind: ``{"machines": [...], "step_time_s": {architecture: [seconds, ...]}}``."""
     from .. import cost
 
-    curves = cost.step_time_curves(profile, cluster, machines=machines)
+    curves = cost.step_time_curves(profile, cluster, machines=machines,
+                                   architectures=(*cost.WHOLE_MODEL, cost.SPARSE_AS_DENSE, cost.PLAIN_HOROVOD))
     return {"machines": [int(m) for m in curves["machines"]],
             "step_time_s": {_key(k): [_number(t) for t in ts] for k, ts in curves["step_time_s"].items()}}

@@ -24,9 +24,10 @@ from ..types import format_bytes  # noqa: E402
 MAX_BARS = 40  # the bar chart shows the largest variables; the table always lists all
 METHOD_COLOURS = {"ps": "#2b6cb0", "ar": "#dd6b20", "sparse_as_dense": "#a0aec0"}
 ARCH_COLOURS = {"ar": "#dd6b20", "ps": "#2b6cb0", "hybrid": "#38a169", "auto": "#805ad5",
-                "sparse_as_dense": "#718096"}
+                "sparse_as_dense": "#718096", "horovod": "#1a202c"}
 ARCH_LABELS = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO",
-               "sparse_as_dense": "sparse-as-dense AR"}
+               "sparse_as_dense": "sparse-as-dense AR", "horovod": "plain Horovod"}
+ARCH_LINESTYLES = {"sparse_as_dense": "--", "horovod": ":"}
 
 _STYLE = {
     "svg.fonttype": "path",
@@ -106,7 +107,7 @@ def step_time_curve_svg(curve: dict, current_machines: int | None = None) -> str
         for arch, times in curve["step_time_s"].items():
             ax.plot(machines, [t * 1e3 for t in times], label=ARCH_LABELS.get(arch, arch),
                     color=ARCH_COLOURS.get(arch), linewidth=1.6,
-                    linestyle="--" if arch == "sparse_as_dense" else "-")
+                    linestyle=ARCH_LINESTYLES.get(arch, "-"))
         if current_machines is not None:
             ax.axvline(current_machines, color="#4a5568", linestyle=":", linewidth=1)
             ax.annotate(f"planned: {current_machines}", (current_machines, 1.0), xycoords=("data", "axes fraction"),
@@ -117,7 +118,7 @@ def step_time_curve_svg(curve: dict, current_machines: int | None = None) -> str
         ax.set_xlabel("machines")
         ax.set_ylabel("estimated step time (ms)")
         ax.set_ylim(bottom=0)
-        ax.legend(frameon=False, ncol=min(len(curve["step_time_s"]), 5), loc="upper left",
+        ax.legend(frameon=False, ncol=min(len(curve["step_time_s"]), 6), loc="upper left",
                   bbox_to_anchor=(0, -0.18))
         return _svg(fig)
 

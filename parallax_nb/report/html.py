@@ -186,7 +186,8 @@ def _architectures_table(data: dict) -> str:
             f'<p class="muted">Highlighted: this plan. Communication = transfer (bytes / bandwidth) + latency '
             f'(message rounds x latency); step time = profiled compute time '
             f'({esc(fmt_ms(data["profile"]["step_time_s"]))}) + communication, without overlap. '
-            f'Sparse-as-dense AR is plain Horovod with sparse_as_dense=True.</p>')
+            f'Sparse-as-dense AR is plain Horovod with sparse_as_dense=True; plain Horovod (defaults) allgathers '
+            f'sparse gradients with their duplicate rows.</p>')
 
 
 def _fmt_alpha(a) -> str:
