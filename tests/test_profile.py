@@ -257,3 +257,61 @@ def test_data_without_examples():
     job = lm_job("tiny").replace(data=_lm_data(_ids(shape=(0, 8))))
     with pytest.raises(ProfileError, match="yields no examples"):
         _profile(job)
+
+
+# ---- user models written without parallax_nb in mind ---------------------------------------------
+
+def _user_job(build):
+    import keras
+    import tensorflow as tf
+
+    from parallax_nb import Job
+
+    ids = np.random.default_rng(1).integers(0, 50, (64, 4)).astype(np.int32)
+    labels = (ids[:, 0] % 2).astype(np.float32)[:, None]
+    return Job(model=build, loss=lambda y, p: keras.losses.binary_crossentropy(y, p, from_logits=True),
+               optimizer=lambda: keras.optimizers.SGD(0.1), batch_size=8,
+               data=lambda: tf.data.Dataset.from_tensor_slices((ids, labels))), ids
+
+
+def _sequential():
+    import keras
+
+    return keras.Sequential([keras.layers.Embedding(50, 4, name="emb"), keras.layers.GlobalAveragePooling1D(),
+                             keras.layers.Dense(1, name="out")], name="seq")
+
+
+def _tied():
+    """The table is gathered *and* multiplied densely (tied weights): its gradient is a dense tensor."""
+    import keras
+    import tensorflow as tf
+
+    from parallax_nb.ops import embedding_lookup
+
+    class Tied(keras.Model):
+        def build(self, input_shape):
+            self.table = self.add_weight(name="table", shape=(50, 4))
+
+        def call(self, x):
+            h = tf.reduce_mean(embedding_lookup(self.table, x), 1)
+            return tf.reduce_mean(tf.matmul(h, self.table, transpose_b=True), 1, keepdims=True)
+
+    return Tied(name="tied")
+
+
+def test_lazily_built_sequential_model():
+    from parallax_nb.profile import profile_job
+
+    job, ids = _user_job(_sequential)
+    prof = profile_job(job, steps=4, warmup=1)
+    assert [v.name for v in prof.variables if v.is_sparse] == ["seq/emb/embeddings"]
+    expected = [np.unique(ids[s * 8:(s + 1) * 8]).size / 50 for s in range(1, 5)]
+    assert prof["seq/emb/embeddings"].alpha_mean == pytest.approx(np.mean(expected), rel=1e-12)
+
+
+def test_tied_table_is_dense():
+    from parallax_nb.profile import profile_job
+
+    job, _ = _user_job(_tied)
+    prof = profile_job(job, steps=2, warmup=0)
+    assert prof["tied/table"].kind is Kind.DENSE and prof["tied/table"].alpha_mean == 1.0

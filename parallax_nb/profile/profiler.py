@@ -106,14 +106,13 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
     is not ``(x, y)`` pairs or does not fit the model, ids outside an embedding's rows, and
     ``steps < 1``.
     """
-    import tensorflow as tf
-
     if not isinstance(job, Job):
         raise JobError(f"profile_job needs a parallax_nb.Job, got {type(job).__name__}",
                        hint="px.Job(model=..., loss=..., optimizer=..., data=..., batch_size=...)")
     steps = _check_count("steps", steps, 1)
     warmup = _check_count("warmup", warmup, 0)
     max_workers = _check_count("max_workers", max_workers, 1)
+    import tensorflow as tf
 
     with PeakMemoryMeter() as meter:
         model = job.build_model()
