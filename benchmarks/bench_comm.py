@@ -1,0 +1,263 @@
+"""Communication volume and throughput: parallax_nb side by side with plain Horovod.
+
+One command runs, on this machine, for the same model, data and per-rank batch:
+
+  horovod     plain Horovod, DistributedGradientTape with defaults (sparse gradients allgathered)
+  horovod_sad plain Horovod, sparse_as_dense=True (sparse gradients densified and allreduced)
+  ar ps hybrid auto   parallax_nb's runtime with make_plan(profile, cluster, architecture)
+
+for the LM (LM1B-shaped: wide embedding and sampled-softmax tables dominate the bytes, a modest
+LSTM) and the dense CNN, at each ``--ranks`` on loopback (one emulated machine: every rank in
+one private network namespace, Open MPI over TCP ``--mca btl tcp,self`` so bytes cross
+sockets), and then on an emulated network (``--network 2x2@1Gbit/s``: machines x workers,
+shaped links; see :mod:`parallax_nb.netem`).
+
+Figures per configuration (medians over ``--repeats`` windows of ``--steps`` steps after
+``--warmup`` steps): steps/s, examples/s, bytes per rank per step three ways (the runtime's
+accounting, the kernel's counters of the namespaces, the cost model's prediction from a
+single-device profile), the share of the accounted bytes that belongs to sparse variables.
+Ratios: HYBRID against plain Horovod, sparse_as_dense and PS; measured against predicted.
+Targets (issue 8) are marked MET or MISSED.
+
+    python benchmarks/bench_comm.py --json benchmarks/results/comm.json
+    python benchmarks/bench_comm.py --quick            # tiny sizes, 2 ranks: checks the harness
+
+Needs root (network namespaces), Open MPI and Horovod. Prints the table; ``--json`` writes
+every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [REPO, HERE]
+
+from parallax_nb.errors import ConfigError  # noqa: E402
+from parallax_nb.types import ClusterSpec, Profile  # noqa: E402
+
+import report  # noqa: E402
+
+BASELINES = {"horovod": False, "horovod_sad": True}
+ARCHITECTURES = ("ar", "ps", "hybrid", "auto")
+ALL_CONFIGS = (*BASELINES, *ARCHITECTURES)
+
+# LM1B-shaped at a size 2 cores train in seconds: vocabulary 100,000 x 256 for the input
+# embedding and for the sampled softmax (2 x 102 MB, the sparse variables), 1,024 sampled
+# candidates, a 128-unit LSTM (0.6 MB of dense weights). Per-rank batch 32 x 20 tokens.
+WORKLOADS = {
+    "lm": dict(workload="lm", size="realistic", batch_size=32,
+               overrides=dict(vocab_size=100_000, embedding_dim=256, hidden_dim=128, seq_len=20,
+                              num_sampled=1024, num_examples=16384)),
+    "cnn": dict(workload="cnn", size="realistic", batch_size=32, overrides=dict(num_examples=4096)),
+}
+QUICK = {
+    "lm": dict(workload="lm", size="tiny", batch_size=8, overrides={}),
+    "cnn": dict(workload="cnn", size="tiny", batch_size=16, overrides={}),
+}
+
+
+def parse_network(text: str) -> tuple[int, int, str]:
+    """``"2x2@1Gbit/s"`` -> (machines, workers per machine, bandwidth)."""
+    try:
+        shape, bandwidth = text.split("@", 1)
+        machines, workers = (int(x) for x in shape.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"cannot read network {text!r}", hint='write MACHINESxWORKERS@BANDWIDTH, e.g. "2x2@1Gbit/s"') from None
+    if machines < 1 or workers < 1:
+        raise ConfigError(f"network {text!r} needs at least one machine and one worker")
+    from parallax_nb.types import parse_bandwidth
+
+    parse_bandwidth(bandwidth)
+    return machines, workers, bandwidth
+
+
+def rank_env() -> dict:
+    env = dict(os.environ)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([REPO, HERE, env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return env
+
+
+def profile_workload(spec: dict, workdir: str, steps: int) -> Profile:
+    """Single-device profile of the workload, in a child process (this driver stays TF-free)."""
+    path = os.path.join(workdir, f"profile-{spec['workload']}.json")
+    code = ("import json, sys; sys.path.insert(0, %r); import worker; "
+            "from parallax_nb.profile import profile_job; "
+            "profile_job(worker.make_job(json.loads(sys.argv[1])), steps=%d).to_json(sys.argv[2])" % (HERE, steps))
+    subprocess.run([sys.executable, "-c", code, json.dumps(spec), path], env=rank_env(), check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(path) as f:
+        return Profile.from_json(f.read())
+
+
+def write_plans(profile: Profile, spec: ClusterSpec, workdir: str, tag: str) -> dict[str, str]:
+    from parallax_nb.plan import make_plan
+
+    paths = {}
+    for arch in ARCHITECTURES:
+        path = os.path.join(workdir, f"plan-{tag}-{arch}.json")
+        make_plan(profile, spec, arch).to_json(path)
+        paths[arch] = path
+    return paths
+
+
+def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwidth: str | None,
+           workdir: str, tag: str, timeout_s: float) -> dict:
+    """Run ``configs`` on an emulated cluster; relaunch after a failing configuration.
+
+    Returns ``{config name: summary}``; a configuration that failed maps to ``{"error": text}``.
+    """
+    from parallax_nb.netem import EmulatedCluster
+
+    results_path = os.path.join(workdir, f"results-{tag}.json")
+    log_path = os.path.join(workdir, f"log-{tag}.txt")
+    remaining = list(configs)
+    errors = {}
+    while remaining:
+        spec_path = os.path.join(workdir, f"spec-{tag}.json")
+        with open(spec_path, "w") as f:
+            json.dump({**spec, "configs": remaining}, f)
+        with EmulatedCluster(machines=machines, workers_per_machine=workers, bandwidth=bandwidth) as cluster:
+            cmd = ["mpirun", "-np", str(cluster.ranks), *cluster.mpirun_args(),
+                   sys.executable, os.path.join(HERE, "worker.py"), spec_path, results_path]
+            with open(log_path, "a") as log:
+                log.write(f"\n$ {' '.join(cmd)}\n")
+                log.flush()
+                proc = subprocess.Popen(cmd, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True, start_new_session=True)
+                deadline = time.monotonic() + timeout_s
+                for line in proc.stdout:
+                    log.write(line)
+                    if "[bench]" in line:
+                        print("   ", line.split("[bench]", 1)[1].strip(), flush=True)
+                    if time.monotonic() > deadline:
+                        break
+                try:
+                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
+                    log.write(f"\n[driver] killed after {timeout_s:.0f} s\n")
+        done = {}
+        if os.path.exists(results_path):
+            with open(results_path) as f:
+                done = json.load(f)
+        before = len(remaining)
+        remaining = [c for c in remaining if c["name"] not in done and c["name"] not in errors]
+        if remaining and proc.returncode != 0:
+            failed = remaining.pop(0)
+            errors[failed["name"]] = f"launch exited {proc.returncode}; see {log_path}"
+            print(f"    {failed['name']}: FAILED (exit {proc.returncode}, log {log_path})", flush=True)
+        elif remaining and len(remaining) == before:
+            break
+    out = {}
+    if os.path.exists(results_path):
+        with open(results_path) as f:
+            out = json.load(f)
+    out.update({name: {"error": text} for name, text in errors.items()})
+    return out
+
+
+def predictions(profile: Profile, spec: ClusterSpec) -> dict:
+    """Cost-model bytes per participant per step for each configuration (``horovod`` = AR)."""
+    from parallax_nb.cost import SPARSE_AS_DENSE, compare_architectures
+
+    est = compare_architectures(profile, spec)
+    out = {arch: est[arch].bytes_per_machine_per_step for arch in ARCHITECTURES}
+    out["horovod"] = est["ar"].bytes_per_machine_per_step
+    out["horovod_sad"] = est[SPARSE_AS_DENSE].bytes_per_machine_per_step
+    out["sparse"] = {arch: est[arch].sparse_bytes_per_machine_per_step for arch in ARCHITECTURES}
+    return out
+
+
+def run_setting(name: str, spec: dict, profile: Profile, configs: list[str], machines: int, workers: int,
+                bandwidth: str | None, args, workdir: str) -> dict:
+    ranks = machines * workers
+    per_rank = ClusterSpec.create(machines=ranks, workers_per_machine=1, bandwidth=bandwidth or "100Gbit/s")
+    plan_spec = (per_rank if bandwidth is None else
+                 ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth,
+                                    local_aggregation=False))
+    tag = f"{spec['workload']}-{name}"
+    plans = write_plans(profile, plan_spec, workdir, tag)
+    config_list = [({"name": c, "kind": "horovod", "sparse_as_dense": BASELINES[c]} if c in BASELINES
+                    else {"name": c, "kind": "parallax", "plan": plans[c]}) for c in configs]
+    network = "loopback" if bandwidth is None else f"{machines}x{workers}@{bandwidth}"
+    print(f"== {spec['workload']}: {ranks} ranks, {network}", flush=True)
+    start = time.monotonic()
+    results = launch({**spec, "warmup_steps": args.warmup, "repeats": args.repeats, "steps_per_repeat": args.steps},
+                     config_list, machines, workers, bandwidth, workdir, tag, args.timeout)
+    return {"workload": spec["workload"], "ranks": ranks, "machines": machines, "workers_per_machine": workers,
+            "network": network, "bandwidth": bandwidth, "wall_s": time.monotonic() - start,
+            "prediction": predictions(profile, per_rank),
+            "link_prediction": None if bandwidth is None else predictions(profile, plan_spec),
+            "sparse_variables": [v.name for v in profile.variables if v.is_sparse],
+            "configs": results}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--workloads", nargs="+", default=["lm", "cnn"], choices=sorted(WORKLOADS))
+    parser.add_argument("--ranks", nargs="*", type=int, default=[2, 4], help="loopback rank counts (one machine)")
+    parser.add_argument("--configs", nargs="+", default=list(ALL_CONFIGS), choices=ALL_CONFIGS)
+    parser.add_argument("--network", nargs="*", default=["2x2@1Gbit/s"],
+                        help="emulated networks MACHINESxWORKERS@BANDWIDTH (none: skip)")
+    parser.add_argument("--network-configs", nargs="+", default=["horovod", "hybrid"], choices=ALL_CONFIGS)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before the windows")
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
+    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per mpirun launch")
+    parser.add_argument("--quick", action="store_true", help="tiny workloads: check the harness in a minute")
+    parser.add_argument("--json", metavar="PATH", help="write all results here")
+    parser.add_argument("--workdir", help="keep specs, plans, profiles and logs here (default: a temp dir)")
+    args = parser.parse_args(argv)
+    for n in args.ranks:
+        if n < 1:
+            raise ConfigError(f"--ranks needs whole numbers >= 1, got {n}")
+    networks = [parse_network(t) for t in args.network if t.lower() != "none"]
+    if os.geteuid() != 0:
+        print("bench_comm: needs root for the network namespaces of the emulated cluster", file=sys.stderr)
+        return 2
+    workdir = args.workdir or tempfile.mkdtemp(prefix="pxnb-bench-")
+    os.makedirs(workdir, exist_ok=True)
+    print(f"bench_comm: work directory {workdir}", flush=True)
+    started = time.monotonic()
+    settings = []
+    for w in args.workloads:
+        spec = (QUICK if args.quick else WORKLOADS)[w]
+        t0 = time.monotonic()
+        profile = profile_workload(spec, workdir, args.profile_steps)
+        print(f"== {w}: profiled in {time.monotonic() - t0:.0f} s: {profile.summary().splitlines()[0]}", flush=True)
+        for n in args.ranks:
+            settings.append(run_setting(f"loop{n}", spec, profile, args.configs, 1, n, None, args, workdir))
+        for machines, workers, bandwidth in networks:
+            settings.append(run_setting(f"net{machines}x{workers}", spec, profile, args.network_configs,
+                                        machines, workers, bandwidth, args, workdir))
+    doc = {"schema": "parallax_nb.bench_comm", "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+           "machine": report.machine_description(), "python": platform.python_version(),
+           "wall_s": time.monotonic() - started, "quick": args.quick,
+           "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
+           "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads},
+           "settings": settings}
+    doc["targets"] = report.targets(settings)
+    print()
+    print(report.render(doc))
+    if args.json:
+        from parallax_nb.io import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(doc, indent=1))
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""What every MPI rank of a benchmark launch runs: the configurations of one spec, in turn.
+
+``python benchmarks/worker.py SPEC.json RESULTS.json`` under mpirun. The spec names the
+workload (``lm``/``cnn``, size, overrides, per-rank batch), the configurations and the
+schedule: ``warmup_steps`` untimed steps, then ``repeats`` windows of ``steps_per_repeat``
+steps each. A configuration is plain Horovod (``sparse_as_dense`` false/true,
+:mod:`baselines`) or parallax_nb's runtime with a plan file (AR, PS, HYBRID, AUTO).
+
+Per window, measured on every rank at the step boundaries (``on_step``):
+
+* wall time of rank 0 (steps are synchronous, every rank ends a step together within a
+  message latency): ``steps_per_s = S / dt``, ``examples_per_s = N * b * S / dt``;
+* accounted bytes: the runtime's (or the baseline's) per-step (sent + received), mean over
+  the window and over ranks;
+* kernel bytes: the namespace counters (:mod:`counters`) read by one rank per machine.
+
+Rank 0 rewrites RESULTS.json after each configuration, so a launch that dies part-way keeps
+what it finished; the driver relaunches the rest.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import counters  # noqa: E402
+
+
+def make_job(spec: dict):
+    from parallax_nb.workloads import cnn_job, lm_job
+
+    factory = {"lm": lm_job, "cnn": cnn_job}[spec["workload"]]
+    return factory(spec["size"], batch_size=spec["batch_size"], optimizer=spec.get("optimizer", "sgd"),
+                   **spec.get("overrides", {}))
+
+
+class WindowProbe:
+    """``on_step`` callback: time and kernel counters at the window boundaries, bytes per step."""
+
+    def __init__(self, boundaries: list[int]):
+        self.boundaries = set(boundaries)  # number of steps done when a reading is taken
+        self.readings: dict[int, tuple[float, dict]] = {}
+        self.accounted: list[float] = []
+        self.by_variable: list[dict] = []
+        self.steps_done = 0
+
+    def start(self) -> None:
+        self.steps_done = 0
+        if 0 in self.boundaries:
+            self.readings[0] = (time.perf_counter(), counters.read_interfaces())
+
+    def __call__(self, record) -> None:
+        self.steps_done += 1
+        if self.steps_done in self.boundaries:
+            self.readings[self.steps_done] = (time.perf_counter(), counters.read_interfaces())
+        self.accounted.append(float(record.bytes_sent) + float(record.bytes_received))
+        self.by_variable.append({k: float(s) + float(r) for k, (s, r) in record.bytes_by_variable.items()})
+
+
+def run_config(job, config: dict, spec: dict, probe: WindowProbe, steps: int):
+    """Train one configuration for ``steps`` steps on this rank, feeding ``probe``."""
+    probe.start()
+    if config["kind"] == "horovod":
+        from baselines import horovod_train
+
+        horovod_train(job, steps, sparse_as_dense=config["sparse_as_dense"], on_step=probe)
+        return {}
+    from parallax_nb.plan import Plan
+    from parallax_nb.runtime import train
+
+    with open(config["plan"]) as f:
+        plan = Plan.from_json(f.read())
+    result = train(job, plan, steps, on_step=probe)
+    return {name: info.get("method") for name, info in result.variables.items()}
+
+
+def summarise(probe_all: list[dict], spec: dict, ranks: int) -> dict:
+    """Rank 0: per window throughput and bytes from every rank's probe."""
+    warmup, repeats, per = spec["warmup_steps"], spec["repeats"], spec["steps_per_repeat"]
+    r0 = probe_all[0]
+    by_ns = {}
+    for p in probe_all:  # one reading per machine: the lowest rank in each namespace
+        by_ns.setdefault(p["netns"], p)
+    windows = []
+    for w in range(repeats):
+        a, b = warmup + w * per, warmup + (w + 1) * per
+        dt = r0["readings"][str(b)][0] - r0["readings"][str(a)][0]
+        accounted = sum(sum(p["accounted"][a:b]) / per for p in probe_all) / ranks
+        variables = {}
+        for p in probe_all:
+            for row in p["by_variable"][a:b]:
+                for k, v in row.items():
+                    variables[k] = variables.get(k, 0.0) + v / (per * ranks)
+        kernel = counters.kernel_bytes({ns: p["readings"][str(a)][1] for ns, p in by_ns.items()},
+                                       {ns: p["readings"][str(b)][1] for ns, p in by_ns.items()}, ranks, per)
+        windows.append({"seconds": dt, "steps_per_s": per / dt,
+                        "examples_per_s": per * ranks * spec["batch_size"] / dt,
+                        "accounted_bytes_per_rank_per_step": accounted,
+                        "accounted_bytes_by_variable": variables, **{f"kernel_{k}": v for k, v in kernel.items()}})
+    return {"windows": windows, "losses_first_last": r0.get("losses")}
+
+
+def main(spec_path: str, results_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    from parallax_nb.runtime.context import horovod
+
+    hvd = horovod()
+    rank, ranks = hvd.rank(), hvd.size()
+    job = make_job(spec)
+    warmup, repeats, per = spec["warmup_steps"], spec["repeats"], spec["steps_per_repeat"]
+    steps = warmup + repeats * per
+    boundaries = [warmup + w * per for w in range(repeats + 1)]
+    results = {}
+    if rank == 0 and os.path.exists(results_path):
+        with open(results_path) as f:
+            results = json.load(f)
+    for config in spec["configs"]:
+        probe = WindowProbe(boundaries)
+        start = time.perf_counter()
+        methods = run_config(job, config, spec, probe, steps)
+        wall = time.perf_counter() - start
+        mine = {"netns": counters.namespace_id(), "accounted": probe.accounted, "by_variable": probe.by_variable,
+                "readings": {str(k): v for k, v in probe.readings.items()}}
+        everyone = hvd.allgather_object(mine)
+        if rank == 0:
+            summary = summarise(everyone, spec, ranks)
+            summary.update(config=config["name"], methods=methods, wall_s=wall, ranks=ranks,
+                           machines=len({p["netns"] for p in everyone}))
+            results[config["name"]] = summary
+            tmp = results_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(results, f, indent=1)
+            os.replace(tmp, results_path)
+            w = summary["windows"]
+            print(f"[bench] {spec['workload']} N={ranks} {config['name']}: "
+                  + ", ".join(f"{x['steps_per_s']:.2f} steps/s" for x in w)
+                  + f"; {w[0]['accounted_bytes_per_rank_per_step'] / 1e6:.3f} MB/rank/step accounted, "
+                  f"{w[0]['kernel_bytes_per_rank_per_step'] / 1e6:.3f} MB kernel; wall {wall:.1f} s", flush=True)
+        del probe, everyone
+        gc.collect()
+    from parallax_nb.runtime.context import shutdown
+
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        code = main(sys.argv[1], sys.argv[2])
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # mpirun then stops the other ranks; no atexit hook may block in a collective
+    sys.stdout.flush()
+    os._exit(code)
