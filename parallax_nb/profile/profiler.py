@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -95,6 +96,85 @@ def _environment(memory_method: str, warmup: int, steps: int, steps_wall_s: floa
     }
 
 
+def _prepare(job: Job):
+    """Model, optimizer, data iterator and first batch, checked: ``(model, optimizer, iterator, batch)``."""
+    import tensorflow as tf
+
+    model = job.build_model()
+    optimizer = job.make_optimizer()
+    dataset = job.dataset(0, 1)
+    x_spec, _ = checks.check_pairs(dataset.element_spec)
+    checks.check_inputs_fit(model, x_spec)
+    iterator = iter(dataset)
+    first = _next_batch(iterator, 0, job)
+    if not model.built:  # a Sequential without Input or a subclassed model creates its variables now
+        try:
+            model(first[0], training=False)
+        except (ValueError, TypeError, KeyError, tf.errors.OpError) as e:
+            raise checks.step_error(e, model, first[0], 0) from None
+    if not model.trainable_variables:
+        raise ProfileError(f"model {model.name!r} of job {job.name!r} has no trainable variables: nothing to "
+                           "synchronise or profile", hint="check that the layers are not frozen (trainable=False)")
+    names = [v.path for v in model.trainable_variables]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ProfileError(f"model {model.name!r} has several trainable variables named {duplicates}",
+                           hint="give every layer a unique name")
+    return model, optimizer, iterator, first
+
+
+@dataclass
+class _Recording:
+    """What the profiled steps produced, per sparse variable and per step."""
+
+    kinds: dict = field(default_factory=dict)             # name -> "sparse" | "dense" | "none"
+    unique_rows: dict = field(default_factory=dict)       # name -> [sorted unique row ids per step]
+    index_counts: dict = field(default_factory=dict)      # name -> [gradient index length per step]
+    step_times_s: list = field(default_factory=list)
+
+
+def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: int) -> _Recording:
+    """Trace once, then run ``warmup + steps`` steps, recording the profiled ones."""
+    import tensorflow as tf
+
+    variables = list(model.trainable_variables)
+    names = [v.path for v in variables]
+    rows_by_name = {n: (int(v.shape[0]) if len(v.shape) else 1) for n, v in zip(names, variables)}
+    rec = _Recording()
+    train_step = _make_train_step(job, model, optimizer, variables, names, rec.kinds)
+    try:  # trace before timing anything: structure errors surface here, with their cause
+        train_step = train_step.get_concrete_function(*first)
+    except ParallaxError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
+        raise checks.step_error(e, model, first[0], 0) from None
+    for step in range(warmup + steps):
+        x, y = first if step == 0 else _next_batch(iterator, step, job)
+        checks.check_no_negative_ids(x, step)
+        t0 = time.perf_counter()
+        try:
+            loss, touched = train_step(x, y)
+            loss_value = float(loss)
+            touched = {n: (ids.numpy().astype(np.int64), int(count)) for n, (ids, count) in touched.items()}
+        except ParallaxError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
+            raise checks.step_error(e, model, x, step) from None
+        elapsed = time.perf_counter() - t0
+        for name, (ids, _) in touched.items():
+            checks.check_sparse_rows(name, ids, rows_by_name[name], step)
+        if step < warmup:
+            continue
+        if not math.isfinite(loss_value):
+            raise ProfileError(f"the loss of job {job.name!r} is {loss_value} at step {step}",
+                               hint="lower the learning rate or check the loss function and the labels")
+        rec.step_times_s.append(elapsed)
+        for name, (ids, count) in touched.items():
+            rec.unique_rows.setdefault(name, []).append(ids)
+            rec.index_counts.setdefault(name, []).append(count)
+    return rec
+
+
 def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = MAX_LOCAL_WORKERS) -> Profile:
     """Train ``job`` for ``warmup + steps`` steps on one device and measure every trainable variable.
 
@@ -115,84 +195,21 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
     import tensorflow as tf
 
     with PeakMemoryMeter() as meter:
-        model = job.build_model()
-        optimizer = job.make_optimizer()
-        dataset = job.dataset(0, 1)
-        x_spec, _ = checks.check_pairs(dataset.element_spec)
-        checks.check_inputs_fit(model, x_spec)
-        iterator = iter(dataset)
-        first_x, first_y = _next_batch(iterator, 0, job)
-        if not model.built:
-            try:
-                model(first_x, training=False)
-            except (ValueError, TypeError, KeyError, tf.errors.OpError) as e:
-                raise checks.step_error(e, model, first_x, 0) from None
-        variables = list(model.trainable_variables)
-        if not variables:
-            raise ProfileError(f"model {model.name!r} of job {job.name!r} has no trainable variables: nothing to "
-                               "synchronise or profile", hint="check that the layers are not frozen (trainable=False)")
-        names = [v.path for v in variables]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ProfileError(f"model {model.name!r} has several trainable variables named {duplicates}",
-                               hint="give every layer a unique name")
-        kinds: dict[str, str] = {}
-        train_step = _make_train_step(job, model, optimizer, variables, names, kinds)
-
-        rows_by_name = {n: (int(v.shape[0]) if len(v.shape) else 1) for n, v in zip(names, variables)}
-        unique_rows: dict[str, list[np.ndarray]] = {}
-        index_counts: dict[str, list[int]] = {}
-        step_times: list[float] = []
-        try:  # trace once before timing anything: structure errors surface here, with their cause
-            train_step = train_step.get_concrete_function(first_x, first_y)
-        except ParallaxError:
-            raise
-        except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
-            raise checks.step_error(e, model, first_x, 0) from None
-        batch = (first_x, first_y)
-        for step in range(warmup + steps):
-            if step > 0:
-                batch = _next_batch(iterator, step, job)
-            x, y = batch
-            checks.check_no_negative_ids(x, step)
-            t0 = time.perf_counter()
-            try:
-                loss, touched = train_step(x, y)
-                loss_value = float(loss)
-                touched = {n: (ids.numpy().astype(np.int64), int(count)) for n, (ids, count) in touched.items()}
-            except ParallaxError:
-                raise
-            except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
-                raise checks.step_error(e, model, x, step) from None
-            elapsed = time.perf_counter() - t0
-            for name, (ids, _) in touched.items():
-                checks.check_sparse_rows(name, ids, rows_by_name[name], step)
-            if step < warmup:
-                continue
-            if not math.isfinite(loss_value):
-                raise ProfileError(f"the loss of job {job.name!r} is {loss_value} at step {step}",
-                                   hint="lower the learning rate or check the loss function and the labels")
-            step_times.append(elapsed)
-            for name, (ids, count) in touched.items():
-                unique_rows.setdefault(name, []).append(ids)
-                index_counts.setdefault(name, []).append(count)
+        model, optimizer, iterator, first = _prepare(job)
+        rec = _run_steps(job, model, optimizer, iterator, first, steps, warmup)
 
     stats_start = time.perf_counter()
     profiles = []
-    for name, var in zip(names, variables):
-        shape = tuple(int(d) for d in var.shape)
-        dtype = tf.as_dtype(var.dtype)
-        if kinds.get(name) == "sparse":
-            profiles.append(sparse_variable_profile(name, shape, dtype.name, dtype.size, unique_rows[name],
-                                                    index_counts[name], max_workers))
+    for var in model.trainable_variables:
+        name, shape, dtype = var.path, tuple(int(d) for d in var.shape), tf.as_dtype(var.dtype)
+        if rec.kinds.get(name) == "sparse":
+            profiles.append(sparse_variable_profile(name, shape, dtype.name, dtype.size, rec.unique_rows[name],
+                                                    rec.index_counts[name], max_workers))
         else:
             profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
-    no_gradient = [n for n in names if kinds.get(n) == "none"]
-    environment = _environment(meter.method, warmup, steps, float(sum(step_times)), no_gradient)
+    no_gradient = [n for n, kind in rec.kinds.items() if kind == "none"]
+    environment = _environment(meter.method, warmup, steps, float(sum(rec.step_times_s)), no_gradient)
     environment["statistics_wall_s"] = time.perf_counter() - stats_start
-    return Profile(
-        model_name=job.name, batch_size=job.batch_size, steps=steps,
-        step_time_s=float(np.median(step_times)), peak_memory_bytes=meter.peak_bytes,
-        variables=tuple(profiles),
-        environment=environment,
-    )
+    return Profile(model_name=job.name, batch_size=job.batch_size, steps=steps,
+                   step_time_s=float(np.median(rec.step_times_s)), peak_memory_bytes=meter.peak_bytes,
+                   variables=tuple(profiles), environment=environment)
