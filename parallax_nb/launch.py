@@ -1,0 +1,278 @@
+"""Start Python code on N MPI ranks with ``mpirun`` and bring back what each rank returned.
+
+Two entry points:
+
+* :func:`mpirun_command` builds the ``mpirun`` command line (loopback or a hostfile), with
+  the defaults this project needs: ``--oversubscribe`` (more ranks than cores is fine for
+  tests), ``--bind-to none`` (TensorFlow spreads its own threads), ``--allow-run-as-root``
+  when running as root, and ``-x`` for the environment variables ranks on other hosts need.
+* :func:`run_on_ranks` cloudpickles a function, runs it on every rank under ``mpirun`` and
+  returns the list of per-rank return values, or raises :class:`DistributedError` naming the
+  failing rank with its traceback.
+
+Failure semantics: a rank that raises writes its traceback to ``error-<rank>.txt`` and to
+stderr, then leaves with ``os._exit(1)`` (no atexit hooks that could block in a collective);
+``mpirun`` notices a rank that exited non-zero and terminates the others (SIGTERM, then
+SIGKILL). The parent waits at most ``timeout_s`` and then kills the whole process group it
+started, so no rank outlives the call.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+from .errors import ConfigError, DistributedError, SetupError
+
+#: Environment variables forwarded to every rank with ``-x`` (needed on remote hosts only;
+#: local ranks inherit mpirun's environment anyway).
+FORWARDED_ENV = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV",
+                 "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
+                 "PARALLAX_NB_STEP_TIMEOUT_S")
+ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def in_mpi_job() -> bool:
+    """True inside a rank started by Open MPI (mpirun, horovodrun, ipyparallel MPI engines)."""
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+
+
+def mpi_rank() -> int:
+    """This process's rank in MPI_COMM_WORLD from the launcher's environment (0 outside MPI)."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def mpi_size() -> int:
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 1
+
+
+def _check_np(np: Any) -> int:
+    if isinstance(np, bool) or not isinstance(np, int) or np < 1:
+        raise ConfigError(f"number of ranks must be a whole number >= 1, got {np!r}",
+                          hint="pass np=2 for two MPI ranks")
+    return np
+
+
+def mpirun_executable() -> str:
+    path = shutil.which("mpirun") or shutil.which("mpiexec")
+    if path is None:
+        raise SetupError("mpirun was not found on PATH",
+                         hint="install Open MPI (apt-get install openmpi-bin libopenmpi-dev) or run scripts/setup.sh")
+    return path
+
+
+def mpirun_command(np: int, argv: Sequence[str], hostfile: str | None = None,
+                   extra_mca: dict[str, str] | None = None) -> list[str]:
+    """The ``mpirun`` command that starts ``argv`` on ``np`` ranks.
+
+    Without ``hostfile`` all ranks run on this machine; with one, ranks are placed by the
+    hostfile and the environment in :data:`FORWARDED_ENV` is exported to remote hosts.
+    ``extra_mca`` adds ``--mca key value`` pairs (e.g. ``{"btl_tcp_if_include": "10.0.0.0/24"}``).
+    """
+    np = _check_np(np)
+    if not argv:
+        raise ConfigError("mpirun_command needs a program to run (argv is empty)")
+    cmd = [mpirun_executable(), "-np", str(np), "--oversubscribe", "--bind-to", "none",
+           "--tag-output"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    if hostfile is not None:
+        if not os.path.exists(hostfile):
+            raise ConfigError(f"hostfile {hostfile!r} does not exist", hint="write one host per line: 'host slots=N'")
+        cmd += ["--hostfile", os.fspath(hostfile)]
+    for key, value in (extra_mca or {}).items():
+        cmd += ["--mca", str(key), str(value)]
+    for name in FORWARDED_ENV:
+        if name in os.environ:
+            cmd += ["-x", name]
+    return cmd + [str(a) for a in argv]
+
+
+def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus what ranks need: root permission for Open MPI, a quiet
+    TensorFlow, and ``PYTHONPATH`` = this interpreter's ``sys.path`` so that functions pickled
+    by reference (module-level functions of tests or notebooks' modules) import on the ranks."""
+    env = dict(os.environ)
+    env.update(ROOT_ENV)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    paths = [p for p in sys.path if p and os.path.isdir(p)]
+    if os.getcwd() not in paths:
+        paths.insert(0, os.getcwd())
+    existing = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
+    env.update(extra or {})
+    return env
+
+
+class _OutputPump(threading.Thread):
+    """Reads a child's combined output so it never blocks on a full pipe; keeps it all."""
+
+    def __init__(self, stream, echo: bool):
+        super().__init__(daemon=True)
+        self.stream, self.echo, self.chunks = stream, echo, []
+
+    def run(self):
+        for line in iter(self.stream.readline, b""):
+            text = line.decode("utf-8", "replace")
+            self.chunks.append(text)
+            if self.echo:
+                sys.stderr.write(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+def kill_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            # mpirun is gone; sweep any orphan still in its group
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwargs: dict | None = None,
+                 timeout_s: float = 600.0, hostfile: str | None = None, env: dict[str, str] | None = None,
+                 echo: bool = False) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on each of ``np`` MPI ranks; return the per-rank results.
+
+    ``fn`` and its arguments travel with cloudpickle; results come back with pickle (use
+    numpy arrays and plain values). Raises :class:`DistributedError` when a rank raises (its
+    rank and traceback in the message), when mpirun fails, or after ``timeout_s`` seconds
+    (then every process started is killed).
+    """
+    import cloudpickle
+
+    np = _check_np(np)
+    if not callable(fn):
+        raise ConfigError(f"run_on_ranks needs a function, got {type(fn).__name__}")
+    workdir = tempfile.mkdtemp(prefix="parallax-ranks-")
+    try:
+        payload = os.path.join(workdir, "payload.pkl")
+        with open(payload, "wb") as f:
+            cloudpickle.dump((fn, tuple(args), dict(kwargs or {})), f)
+        cmd = mpirun_command(np, [sys.executable, "-m", "parallax_nb.launch", "rank", payload, workdir],
+                             hostfile=hostfile)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=rank_environment(env), start_new_session=True)
+        pump = _OutputPump(proc.stdout, echo)
+        pump.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_process_group(proc)
+            pump.join(timeout=5)
+        output = pump.text
+        failures = _read_failures(workdir)
+        if failures:
+            rank, _, text = failures[0]
+            others = f" (ranks that also failed: {[r for r, _, _ in failures[1:]]})" if len(failures) > 1 else ""
+            raise DistributedError(f"rank {rank} of {np} failed{others}:\n{text.rstrip()}",
+                                   hint="the traceback above is from that rank; the other ranks were stopped")
+        if timed_out:
+            raise DistributedError(f"{np}-rank job did not finish within {timeout_s:g} s and was killed; "
+                                   f"last output:\n{_tail(output)}",
+                                   hint="a rank may hang in a collective: pass step_timeout_s to train()")
+        results = []
+        for rank in range(np):
+            path = os.path.join(workdir, f"result-{rank}.pkl")
+            if not os.path.exists(path):
+                raise DistributedError(f"rank {rank} of {np} left no result (mpirun exit status "
+                                       f"{proc.returncode}); output:\n{_tail(output)}")
+            with open(path, "rb") as f:
+                results.append(pickle.load(f))
+        if proc.returncode != 0:
+            raise DistributedError(f"mpirun exited with status {proc.returncode}; output:\n{_tail(output)}")
+        return results
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _read_failures(workdir: str) -> list[tuple[int, float, str]]:
+    """(rank, time, traceback) of every rank that wrote an error file, earliest first."""
+    failures = []
+    for name in os.listdir(workdir):
+        if name.startswith("error-") and name.endswith(".txt"):
+            with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
+                first, _, text = f.read().partition("\n")
+            failures.append((int(name[6:-4]), float(first or 0), text))
+    return sorted(failures, key=lambda f: (f[1], f[0]))
+
+
+def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:
+    """Print this rank's traceback to stderr (and to ``out_dir/error-<rank>.txt``); return it."""
+    rank = mpi_rank()
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = f"[parallax_nb] rank {rank} failed:\n{text}"
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    if out_dir is not None:
+        path = os.path.join(out_dir, f"error-{rank}.txt")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(f"{time.time():.6f}\n{text}")
+        os.replace(path + ".tmp", path)
+    return text
+
+
+def _rank_main(payload: str, out_dir: str) -> None:
+    """Body of each rank started by :func:`run_on_ranks`; never returns."""
+    rank = mpi_rank()
+    try:
+        import cloudpickle  # noqa: F401  (functions pickled by value need it to load)
+
+        with open(payload, "rb") as f:
+            fn, args, kwargs = pickle.load(f)
+        result = fn(*args, **kwargs)
+        tmp = os.path.join(out_dir, f".result-{rank}.pkl")
+        with open(tmp, "wb") as f:
+            pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, os.path.join(out_dir, f"result-{rank}.pkl"))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
+        report_rank_failure(exc, out_dir)
+        os._exit(1)
+    from .runtime.context import shutdown
+
+    shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "rank":
+        _rank_main(sys.argv[2], sys.argv[3])
+    print("usage: python -m parallax_nb.launch rank PAYLOAD OUT_DIR (started by run_on_ranks)", file=sys.stderr)
+    sys.exit(2)

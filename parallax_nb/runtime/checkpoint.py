@@ -1,0 +1,240 @@
+"""Checkpoints in single-device layout, written atomically by rank 0.
+
+A checkpoint is a directory ``ckpt-<step, 8 digits>/``:
+
+* ``meta.json``: schema ``parallax_nb.checkpoint`` v1, step, ranks, architecture, and the file
+  of every array;
+* ``arrays/*.npy``: every model variable by path (PS variables gathered whole from their
+  owners) and the optimizer state in single-device layout: the slots of each variable
+  (``"<path>:<slot>"``, e.g. ``"embedding/embeddings:momentum"``, gathered whole for PS) and
+  the optimizer's own variables (``":iteration"``, ...);
+* ``model.weights.h5``: the user's single-device model with these weights
+  (``model.load_weights(...)``).
+
+It is written into a temporary directory next to the target and renamed, so a crash leaves
+either no checkpoint or a whole one. Resuming reads the arrays memory-mapped and each owner
+takes only its partitions' rows, so a resumed PS run never loads the full table on one rank;
+the data position is the step (each rank skips ``step`` batches of its shard), so a resumed
+run continues exactly where the interrupted one stopped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..io import atomic_write_text, load_json
+
+CHECKPOINT_SCHEMA = "parallax_nb.checkpoint"
+CHECKPOINT_SCHEMA_VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d{8})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:08d}"
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The complete checkpoint with the highest step in ``directory`` (None when there is none)."""
+    if not directory or not os.path.isdir(directory):
+        return None
+    found = []
+    for name in os.listdir(directory):
+        m = _NAME.match(name)
+        if m and os.path.exists(os.path.join(directory, name, "meta.json")):
+            found.append((int(m.group(1)), os.path.join(directory, name)))
+    return max(found)[1] if found else None
+
+
+def slot_map(optimizer, variables) -> tuple[dict[int, dict[str, object]], dict[str, object]]:
+    """Which optimizer variables are slots of which model variables.
+
+    Keras names a slot ``<variable path with / as _>_<slot>`` with the variable's shape; the
+    longest matching prefix wins. Returns ({id(variable): {slot: optimizer variable}}, {name:
+    optimizer variable that is no slot, e.g. the iteration counter}).
+    """
+    prefixes = [(v.path.replace("/", "_") + "_", v) for v in variables]
+    slots: dict[int, dict[str, object]] = {}
+    misc: dict[str, object] = {}
+    for ov in optimizer.variables:
+        best = None
+        for prefix, v in prefixes:
+            if ov.name.startswith(prefix) and tuple(ov.shape) == tuple(v.shape):
+                if best is None or len(prefix) > len(best[0]):
+                    best = (prefix, v)
+        if best is None:
+            misc[ov.name] = ov
+        else:
+            slots.setdefault(id(best[1]), {})[ov.name[len(best[0]):]] = ov
+    return slots, misc
+
+
+def _optimizer_state(trainer) -> dict[str, np.ndarray]:
+    """Optimizer state in single-device layout (collective: PS slots are gathered)."""
+    hvd = trainer.hvd
+    opt_vars = [v for s in trainer.syncs for v in s.optimizer_variables]
+    slots, misc = slot_map(trainer.optimizer, opt_vars)
+    state = {f":{name}": np.array(v.numpy()) for name, v in misc.items()}
+    for i, sync in enumerate(trainer.syncs):
+        if sync.shard is None:
+            for slot, ov in slots.get(id(sync.variable), {}).items():
+                state[f"{sync.name}:{slot}"] = np.array(ov.numpy())
+            continue
+        parts = sync.shard.parts
+        names = sorted(slots.get(id(parts[0]), {})) if parts else []
+        if trainer.ranks > 1:
+            names = hvd.broadcast_object(names, root_rank=0, name=f"px_slotnames_{i}")
+        for slot in names:
+            local = {p: slots[id(v)][slot].numpy() for p, v in zip(sync.shard.owned, parts)}
+            full = trainer.gather_partitions(sync, local, f"s{i}_{slot}")
+            state[f"{sync.name}:{slot}"] = full
+    return state
+
+
+def save(trainer, directory: str) -> str:
+    """Write a checkpoint of ``trainer`` at its current step; collective, rank 0 writes.
+    Returns the checkpoint's path (on every rank)."""
+    weights = trainer.weights()
+    optimizer = _optimizer_state(trainer)
+    path = os.path.join(os.path.abspath(directory), checkpoint_name(trainer.step))
+    if trainer.rank == 0:
+        _write(path, trainer, weights, optimizer)
+    if trainer.ranks > 1:
+        trainer.hvd.join()  # nobody reads a checkpoint before it is complete
+    return path
+
+
+def _write(path: str, trainer, weights: dict, optimizer: dict) -> None:
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(tmp, "arrays"))
+    files: dict[str, dict[str, str]] = {"weights": {}, "optimizer": {}}
+    for section, arrays in (("weights", weights), ("optimizer", optimizer)):
+        for i, (key, array) in enumerate(sorted(arrays.items())):
+            name = f"arrays/{section[0]}{i:05d}.npy"
+            np.save(os.path.join(tmp, name), np.asarray(array))
+            files[section][key] = name
+    model = trainer.job.build_model()
+    for v in model.variables:
+        v.assign(weights[v.path])
+    model.save_weights(os.path.join(tmp, "model.weights.h5"))
+    meta = {"schema": CHECKPOINT_SCHEMA, "schema_version": CHECKPOINT_SCHEMA_VERSION, "step": trainer.step,
+            "ranks": trainer.ranks, "architecture": trainer.plan.architecture.value,
+            "job": trainer.job.name, "created_unix_s": time.time(), **files}
+    atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.rename(tmp, path)
+
+
+class Checkpoint:
+    """A checkpoint opened for reading; arrays are memory-mapped on access."""
+
+    def __init__(self, path: str):
+        self.path = path
+        meta_path = os.path.join(path, "meta.json")
+        if not os.path.exists(meta_path):
+            raise CheckpointError(f"no checkpoint at {path!r} (meta.json missing)",
+                                  hint="pass a ckpt-XXXXXXXX directory written by parallax_nb")
+        try:
+            meta = load_json(meta_path, what="checkpoint meta")
+        except Exception as e:  # noqa: BLE001 - any unreadable meta is a corrupted checkpoint
+            raise CheckpointError(f"checkpoint {path!r} is corrupted: {e}") from None
+        if meta.get("schema") != CHECKPOINT_SCHEMA or meta.get("schema_version") != CHECKPOINT_SCHEMA_VERSION:
+            raise CheckpointError(f"{path!r} is not a parallax_nb checkpoint of version {CHECKPOINT_SCHEMA_VERSION}")
+        self.meta = meta
+        self.step = int(meta["step"])
+
+    def _array(self, section: str, key: str) -> np.ndarray:
+        try:
+            name = self.meta[section][key]
+        except KeyError:
+            raise CheckpointError(f"checkpoint {self.path!r} has no {section} entry {key!r}",
+                                  hint="is it a checkpoint of another model or optimizer?") from None
+        try:
+            return np.load(os.path.join(self.path, name), mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint array {name} of {self.path!r} is unreadable: {e}") from None
+
+    def weight(self, path: str) -> np.ndarray:
+        return self._array("weights", path)
+
+    def optimizer(self, key: str) -> np.ndarray:
+        return self._array("optimizer", key)
+
+    @property
+    def weight_names(self) -> list[str]:
+        return list(self.meta["weights"])
+
+    @property
+    def optimizer_keys(self) -> list[str]:
+        return list(self.meta["optimizer"])
+
+
+def load(path: str) -> Checkpoint:
+    return Checkpoint(path)
+
+
+def _check_shape(ckpt: Checkpoint, key: str, array: np.ndarray, shape) -> None:
+    if tuple(array.shape) != tuple(shape):
+        raise CheckpointError(f"checkpoint {ckpt.path!r}: {key!r} has shape {tuple(array.shape)}, the model "
+                              f"expects {tuple(shape)}", hint="is it a checkpoint of another model size?")
+
+
+def restore(trainer, path: str) -> None:
+    """Load a checkpoint into a distributed trainer (each rank reads only its own rows)."""
+    ckpt = load(path)
+    by_name = {s.name: s for s in trainer.syncs}
+    for variable in trainer.model.variables:
+        sync = by_name.get(variable.path)
+        full = ckpt.weight(variable.path)
+        _check_shape(ckpt, variable.path, full, variable.shape)
+        if sync is not None and sync.shard is not None:
+            P = sync.shard.partitioning.partitions
+            flat = full.reshape(sync.shard.shape)
+            for p, part in zip(sync.shard.owned, sync.shard.parts):
+                part.assign(np.ascontiguousarray(flat[p::P]))
+            if sync.ps_sparse:
+                continue
+        variable.assign(np.asarray(full))
+    opt_vars = [v for s in trainer.syncs for v in s.optimizer_variables]
+    slots, misc = slot_map(trainer.optimizer, opt_vars)
+    for name, ov in misc.items():
+        ov.assign(np.asarray(ckpt.optimizer(f":{name}")))
+    for sync in trainer.syncs:
+        if sync.shard is None:
+            for slot, ov in slots.get(id(sync.variable), {}).items():
+                ov.assign(np.asarray(ckpt.optimizer(f"{sync.name}:{slot}")))
+            continue
+        P = sync.shard.partitioning.partitions
+        for p, part in zip(sync.shard.owned, sync.shard.parts):
+            for slot, ov in slots.get(id(part), {}).items():
+                full = ckpt.optimizer(f"{sync.name}:{slot}").reshape(sync.shard.shape)
+                ov.assign(np.ascontiguousarray(full[p::P]))
+    trainer.step = ckpt.step
+
+
+def load_into_model(model, path: str, optimizer=None) -> int:
+    """Load a checkpoint into the user's single-device ``model`` (and ``optimizer``, built
+    over ``model.trainable_variables``, for exact continuation); returns the step."""
+    ckpt = load(path)
+    for variable in model.variables:
+        full = ckpt.weight(variable.path)
+        _check_shape(ckpt, variable.path, full, variable.shape)
+        variable.assign(np.asarray(full))
+    if optimizer is not None:
+        optimizer.build(model.trainable_variables)
+        slots, misc = slot_map(optimizer, model.trainable_variables)
+        for name, ov in misc.items():
+            ov.assign(np.asarray(ckpt.optimizer(f":{name}")))
+        for variable in model.trainable_variables:
+            for slot, ov in slots.get(id(variable), {}).items():
+                ov.assign(np.asarray(ckpt.optimizer(f"{variable.path}:{slot}")))
+    return ckpt.step

@@ -1,0 +1,77 @@
+"""Horovod, initialised once per process, and who this rank is.
+
+Every collective of the runtime goes through Horovod (MPI controller). ``hvd.init()`` is
+called at most once per process: MPI cannot be initialised twice, and ipyparallel engines
+run many ``train`` calls in one process.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from ..errors import SetupError
+
+_initialised = False
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process in the job: ``rank`` of ``size``, ``local_rank`` of ``local_size`` ranks on
+    this host; ``machines`` = number of distinct hosts (``size / local_size`` when every host
+    runs the same number of ranks)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    machines: int
+    hostname: str
+
+
+def horovod():
+    """``horovod.tensorflow``, initialised; a clear SetupError when it is missing or broken."""
+    global _initialised
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError as e:
+        raise SetupError(f"Horovod for TensorFlow cannot be imported: {e}",
+                         hint="run scripts/setup.sh (builds horovod==0.28.1 against the installed TensorFlow)") from None
+    if not _initialised:
+        hvd.init()
+        if not hvd.mpi_enabled():
+            raise SetupError("Horovod was built without MPI support",
+                             hint="rebuild with HOROVOD_WITH_MPI=1 (scripts/setup.sh does)")
+        _initialised = True
+    return hvd
+
+
+def rank_info() -> RankInfo:
+    hvd = horovod()
+    return RankInfo(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
+                    cross_rank=hvd.cross_rank(), machines=hvd.cross_size(), hostname=socket.gethostname())
+
+
+def shutdown() -> None:
+    """Shut Horovod down (finalising MPI) if this process started it; a no-op otherwise."""
+    global _initialised
+    if _initialised:
+        import horovod.tensorflow as hvd
+
+        hvd.shutdown()
+        _initialised = False
+
+
+def configure_threads() -> None:
+    """Honour ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` before TensorFlow starts
+    its pools (several ranks share a few cores in tests)."""
+    import tensorflow as tf
+
+    for env, setter in (("TF_NUM_INTRAOP_THREADS", tf.config.threading.set_intra_op_parallelism_threads),
+                        ("TF_NUM_INTEROP_THREADS", tf.config.threading.set_inter_op_parallelism_threads)):
+        if os.environ.get(env):
+            try:
+                setter(int(os.environ[env]))
+            except RuntimeError:
+                pass  # TensorFlow already started; keep its pools

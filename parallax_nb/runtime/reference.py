@@ -1,0 +1,51 @@
+"""Single-device training, the yardstick of the distributed runtime (DESIGN.md §7).
+
+``train_single_device(job, steps, batch_size=N * b)`` runs the user's model exactly as written
+(no routing, no sharding) on one device; N-rank training with per-rank batch b must end with
+the same parameters, since the N shards of a step together are this step's batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from ..job import Job
+
+
+def train_single_device(job: Job, steps: int, batch_size: int | None = None, return_model: bool = False):
+    """Weights (path -> array, incl. non-trainable) after ``steps`` steps of ``batch_size``."""
+    model = job.build_model()
+    optimizer = job.make_optimizer()
+    variables = list(model.trainable_variables)
+    optimizer.build(variables)
+
+    @tf.function(autograph=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = job.loss_value(model, x, y, training=True)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+        return loss
+
+    losses = []
+    for x, y in job.dataset(0, 1, batch_size=batch_size).take(steps):
+        losses.append(float(step(x, y)))
+    weights = {v.path: np.array(v.numpy()) for v in model.variables}
+    if return_model:
+        return weights, losses, model, optimizer
+    return weights, losses
+
+
+def variable_kinds(job: Job) -> dict:
+    """``{path: Kind}`` of the model's trainable variables from one single-device gradient:
+    sparse when the gradient is a ``tf.IndexedSlices`` (rows gathered), dense otherwise. Used to
+    plan without a profile (``parallax_nb.plan.plan_for_kinds``)."""
+    from ..types import Kind
+
+    model = job.build_model()
+    x, y = next(iter(job.dataset(0, 1).take(1)))
+    with tf.GradientTape() as tape:
+        loss = job.loss_value(model, x, y, training=False)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return {v.path: (Kind.SPARSE if isinstance(g, tf.IndexedSlices) else Kind.DENSE)
+            for v, g in zip(model.trainable_variables, grads)}

@@ -1,0 +1,144 @@
+"""What a distributed run reports: one :class:`StepRecord` per step and a :class:`TrainResult`."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+RUN_SCHEMA = "parallax_nb.run"
+RUN_SCHEMA_VERSION = 1
+
+
+def assign_weights(model, weights: dict) -> None:
+    """Set ``model.variables`` from ``weights`` (path -> array, in ``model.variables`` order).
+
+    By path when every path matches; otherwise by position (Keras numbers auto-named objects
+    such as seed generators per process, so a model rebuilt elsewhere may name them
+    ``seed_generator_1``), provided count and shapes agree.
+    """
+    from ..errors import CheckpointError
+
+    variables = list(model.variables)
+    if all(v.path in weights for v in variables):
+        pairs = [(v, weights[v.path]) for v in variables]
+    else:
+        values = list(weights.values())
+        if len(values) != len(variables) or any(tuple(np.shape(a)) != tuple(v.shape)
+                                                for v, a in zip(variables, values)):
+            missing = [v.path for v in variables if v.path not in weights]
+            raise CheckpointError(f"weights do not fit the model: no values for {missing}",
+                                  hint="were they produced by another model?")
+        pairs = list(zip(variables, values))
+    for v, a in pairs:
+        if tuple(np.shape(a)) != tuple(v.shape):
+            raise CheckpointError(f"weight {v.path!r} has shape {tuple(np.shape(a))}, the model expects {tuple(v.shape)}")
+        v.assign(a)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One synchronous step as seen by one rank.
+
+    ``loss``: mean over all ranks of their mean batch loss (= the global-batch loss).
+    ``examples_per_s``: global examples (N * b) / ``step_time_s`` (wall time of this rank's step).
+    ``bytes_sent`` / ``bytes_received``: bytes this rank put on / took off the wire in this
+    step, summed over variables; ``bytes_by_variable[name] = (sent, received)``
+    (see :mod:`parallax_nb.runtime.accounting`).
+    """
+
+    step: int
+    loss: float
+    examples_per_s: float
+    step_time_s: float
+    bytes_sent: float
+    bytes_received: float
+    bytes_by_variable: dict = field(default_factory=dict)
+
+    def to_row(self) -> dict:
+        return {"step": self.step, "loss": self.loss, "examples_per_s": self.examples_per_s,
+                "step_time_s": self.step_time_s, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`parallax_nb.runtime.train` on one rank.
+
+    ``weights``: every model variable (trainable and not) by path, full single-device values
+    (PS variables gathered from their owners). ``history``: this rank's step records of this
+    call (steps continue the numbering of a resumed checkpoint). ``variables``: per trainable
+    variable, ``{"method", "kind", "partitions"}`` as executed. ``first_measured_step`` is the
+    index in ``history`` from which summaries are taken (the first step, which traces the
+    step function, is left out when there is more than one).
+    """
+
+    steps_done: int
+    history: list[StepRecord]
+    weights: dict[str, np.ndarray]
+    stopped_early: bool
+    job: Any = None
+    ranks: int = 1
+    machines: int = 1
+    workers_per_machine: int = 1
+    architecture: str = "hybrid"
+    batch_size_per_rank: int = 0
+    variables: dict = field(default_factory=dict)
+    rank: int = 0
+    checkpoints: list[str] = field(default_factory=list)
+    rank_mean_bytes: dict | None = None  # name -> (sent, received) per step, mean over ranks
+
+    def single_device_model(self):
+        """The user's model (``job.model()``) holding the trained weights, incl. non-trainable."""
+        if self.job is None:
+            raise ValueError("this TrainResult carries no Job to rebuild the model from")
+        from ..errors import CheckpointError
+
+        model = self.job.build_model()
+        assign_weights(model, self.weights)
+        return model
+
+    @property
+    def measured(self) -> list[StepRecord]:
+        return self.history[1:] if len(self.history) > 1 else list(self.history)
+
+    def summary(self) -> dict:
+        """The run summary (schema ``parallax_nb.run`` v1). Byte figures are per rank per step,
+        averaged over the measured steps and over all ranks (comparable to the cost model's
+        bytes per machine per step with one rank per machine); times are this rank's medians."""
+        measured = self.measured
+
+        def median(values):
+            return float(statistics.median(values)) if values else float("nan")
+
+        def mean(values):
+            return float(sum(values) / len(values)) if values else 0.0
+
+        variables = {}
+        for name, info in self.variables.items():
+            variables[name] = dict(info)
+            if self.rank_mean_bytes is not None:
+                sent, received = self.rank_mean_bytes.get(name, (0.0, 0.0))
+            else:
+                sent = mean([r.bytes_by_variable.get(name, (0.0, 0.0))[0] for r in measured])
+                received = mean([r.bytes_by_variable.get(name, (0.0, 0.0))[1] for r in measured])
+            variables[name]["bytes_sent_per_step"] = float(sent)
+            variables[name]["bytes_received_per_step"] = float(received)
+        return {
+            "schema": RUN_SCHEMA, "schema_version": RUN_SCHEMA_VERSION,
+            "ranks": self.ranks, "machines": self.machines, "workers_per_machine": self.workers_per_machine,
+            "architecture": self.architecture, "steps": self.steps_done,
+            "batch_size_per_rank": self.batch_size_per_rank,
+            "step_time_s_median": median([r.step_time_s for r in measured]),
+            "examples_per_s_median": median([r.examples_per_s for r in measured]),
+            "final_loss": float(self.history[-1].loss) if self.history else float("nan"),
+            "variables": variables,
+            "bytes_sent_per_step": float(sum(v["bytes_sent_per_step"] for v in variables.values())),
+            "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
+        }
+
+    def without_job(self) -> "TrainResult":
+        """A copy safe to pickle to another process (the Job may hold closures)."""
+        import dataclasses
+
+        return dataclasses.replace(self, job=None)

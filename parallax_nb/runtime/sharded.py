@@ -1,0 +1,185 @@
+"""Row-sharded parameter-server variables and the alltoall lookup router (DESIGN.md §5).
+
+A :class:`ShardedVariable` holds, on each rank, only the partitions that rank owns (see
+:mod:`.partitioning`). The model's own variable is emptied once the shard exists, so no rank
+keeps the full table.
+
+A lookup of rows ``ids`` (:class:`ShardedLookupRouter`, installed with
+``parallax_nb.ops.route_lookups`` during the train step):
+
+1. ``unique(ids)`` on the requesting rank; order the unique ids by owner rank;
+2. ``alltoall`` the ids to their owners (int64, 8 bytes per remote id);
+3. each owner gathers the requested rows from its partitions;
+4. ``alltoall`` the rows back; rebuild ``ids``' shape from the unique rows.
+
+Gradients flow back through both gathers and the row ``alltoall`` (Horovod registers its
+gradient as the reverse ``alltoall``), so the backward pass hands each owner, for every row a
+rank touched, that rank's summed gradient as an ``IndexedSlices`` on the owner's partition:
+duplicates inside a rank are summed by the unique/gather, duplicates across ranks by the
+optimizer's scatter. The trainer divides by N so the update is the global-batch mean.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from ..ops import variable_path
+from .accounting import ByteLedger
+from .partitioning import RowPartitioning
+
+
+def shard_variable_name(name: str, partition: int) -> str:
+    """Keras variable names may not contain '/': ``embedding/embeddings`` part 3 ->
+    ``px_shard__embedding__embeddings__p3``."""
+    return f"px_shard__{name.replace('/', '__')}__p{partition}"
+
+
+class ShardedVariable:
+    """The partitions of one PS variable that this rank owns.
+
+    ``parts[k]`` is partition ``owned[k]`` (a trainable ``keras.Variable`` of
+    ``rows_in(p)`` rows). ``row_shape`` and ``dtype`` describe one row.
+    """
+
+    def __init__(self, name: str, shape: tuple[int, ...], dtype, partitioning: RowPartitioning, rank: int,
+                 initial_parts: dict[int, np.ndarray]):
+        import keras
+
+        self.name = name
+        self.shape = tuple(shape)
+        self.row_shape = tuple(shape[1:])
+        self.dtype = tf.as_dtype(dtype)
+        self.partitioning = partitioning
+        self.rank = rank
+        self.owned = partitioning.owned_by(rank)
+        self.parts = [keras.Variable(initial_parts[p], name=shard_variable_name(name, p), trainable=True,
+                                     dtype=self.dtype.name) for p in self.owned]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(math.prod(self.row_shape)) * self.dtype.size
+
+    @property
+    def local_bytes(self) -> int:
+        return sum(int(math.prod(v.shape)) * self.dtype.size for v in self.parts)
+
+    def local_rows(self, ids: tf.Tensor) -> tf.Tensor:
+        """Rows ``ids`` (global ids, all owned by this rank) from this rank's partitions."""
+        P, N = self.partitioning.partitions, self.partitioning.ranks
+        if not self.parts:
+            return tf.zeros(tf.concat([tf.shape(ids)[:1], tf.constant(self.row_shape, tf.int32)], 0), self.dtype)
+        local = ids // P
+        if len(self.parts) == 1:
+            return tf.gather(self.parts[0].value, local)
+        which = tf.cast((ids % P - self.rank) // N, tf.int32)
+        positions = tf.dynamic_partition(tf.range(tf.shape(ids)[0]), which, len(self.parts))
+        locals_ = tf.dynamic_partition(local, which, len(self.parts))
+        rows = [tf.gather(part.value, idx) for part, idx in zip(self.parts, locals_)]
+        return tf.dynamic_stitch(positions, rows)
+
+    def values(self) -> dict[int, np.ndarray]:
+        return {p: v.numpy() for p, v in zip(self.owned, self.parts)}
+
+
+class ShardedLookupRouter:
+    """Serves ``embedding_lookup`` of PS variables from their shards through ``alltoall``.
+
+    Bytes of every exchange are written to ``ledger`` under the variable's name: forward ids
+    and rows, and the row gradients the backward pass will send (the reverse of the rows).
+    """
+
+    def __init__(self, variables: dict[str, ShardedVariable], ranks: int, rank: int, ledger: ByteLedger):
+        import horovod.tensorflow as hvd
+
+        self._hvd = hvd
+        self.variables = variables
+        self.ranks = ranks
+        self.rank = rank
+        self.ledger = ledger
+
+    def lookup(self, params, ids):
+        sharded = self.variables.get(variable_path(params))
+        if sharded is None:
+            return None
+        hvd, N = self._hvd, self.ranks
+        ids = tf.convert_to_tensor(ids)
+        flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
+        unique_ids, position = tf.unique(flat)
+        owner = tf.cast((unique_ids % sharded.partitioning.partitions) % N, tf.int32)
+        order = tf.argsort(owner, stable=True)
+        send_ids = tf.gather(unique_ids, order)
+        splits = tf.math.bincount(owner, minlength=N, maxlength=N, dtype=tf.int32)
+        recv_ids, recv_splits = hvd.alltoall(send_ids, splits=splits)
+        served = sharded.local_rows(recv_ids)
+        rows, _ = hvd.alltoall(served, splits=recv_splits)
+        unique_rows = tf.gather(rows, tf.argsort(order))
+        out = tf.gather(unique_rows, position)
+        out = tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(sharded.row_shape, tf.int32)], 0))
+        self._count(sharded, splits, recv_splits)
+        return out
+
+    def _count(self, sharded: ShardedVariable, splits, recv_splits) -> None:
+        """ids out + rows back + row gradients out again, remote parts only."""
+        mine = tf.one_hot(self.rank, self.ranks, on_value=0.0, off_value=1.0, dtype=tf.float64)
+        remote_requested = tf.reduce_sum(tf.cast(splits, tf.float64) * mine)      # my ids others own
+        remote_served = tf.reduce_sum(tf.cast(recv_splits, tf.float64) * mine)    # others' ids I own
+        id_bytes, row_bytes = 8.0, float(sharded.row_bytes)
+        sent = remote_requested * id_bytes + remote_served * row_bytes + remote_requested * row_bytes
+        received = remote_served * id_bytes + remote_requested * row_bytes + remote_served * row_bytes
+        self.ledger.add(sharded.name, sent, received)
+
+
+def route_embedding_layers(model) -> list[str]:
+    """Point every Keras ``Embedding`` layer of ``model`` at ``parallax_nb.ops.embedding_lookup``.
+
+    On one device the lookup is still ``tf.gather`` (identical results); on engines the
+    active router may serve it from shards. Returns the paths of the embedding variables.
+    """
+    import keras
+
+    from ..ops import embedding_lookup
+
+    routed = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, keras.layers.Embedding) or getattr(layer, "quantization_mode", None):
+            continue
+        if getattr(layer, "lora_enabled", False):
+            continue
+
+        def call(inputs, _layer=layer):
+            if inputs.dtype not in ("int32", "int64", tf.int32, tf.int64):
+                inputs = keras.ops.cast(inputs, "int32")
+            return keras.ops.cast(embedding_lookup(_layer.embeddings, inputs), _layer.compute_dtype)
+
+        layer.call = call
+        routed.append(layer.embeddings.path)
+    return routed
+
+
+class RecordingRouter:
+    """Records which variables go through ``embedding_lookup`` (and serves them locally)."""
+
+    def __init__(self):
+        self.paths: set[str] = set()
+
+    def lookup(self, params, ids):
+        self.paths.add(variable_path(params))
+        return None
+
+
+def release_storage(variable) -> None:
+    """Drop the storage of a Keras variable whose rows now live in shards: its tf.Variable is
+    replaced by an empty one of 0 rows, so the full table is freed on this rank. The Keras
+    variable keeps its declared shape (the model still builds and reports it)."""
+    shape = tuple(variable.shape)
+    empty = tf.Variable(tf.zeros((0,) + shape[1:], dtype=variable.dtype), trainable=False,
+                        name=variable.name + "_released")
+    variable._value = empty
+
+
+def storage_bytes(variable) -> int:
+    """Bytes a Keras variable actually holds on this rank (0 rows after :func:`release_storage`)."""
+    value = getattr(variable, "_value", variable)
+    return int(math.prod(value.shape)) * tf.as_dtype(value.dtype).size

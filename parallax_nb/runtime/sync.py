@@ -1,0 +1,192 @@
+"""Gradient exchange per variable, inside the train step (DESIGN.md §5).
+
+* AR, dense gradient: one grouped Horovod allreduce (average) of all of them.
+* AR, sparse gradient (``IndexedSlices``): duplicates summed first (unique rows), then
+  Horovod's allreduce of ``IndexedSlices`` (an allgather of values and of indices, averaged).
+* PS, sparse: the gradient already arrived at the owners through the lookup's alltoall
+  (:mod:`.sharded`); each owner divides by N and applies the optimizer to its partitions.
+* PS, dense: each rank sends the gradient rows of every partition to its owner (alltoall),
+  the owner sums the N contributions, divides by N and applies the optimizer to its
+  partitions; after the update every rank pulls the fresh partitions (allgather) into its
+  full copy of the variable, which the forward pass reads.
+
+Dividing by N turns the sum of per-rank mean-loss gradients into the gradient of the mean
+loss over the global batch of N * b examples, which is what single-device training with that
+batch computes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from ..types import Kind, Method
+from .accounting import ByteLedger, allgather_bytes, ring_allreduce_bytes
+from .sharded import ShardedVariable
+
+
+@dataclass
+class VariableSync:
+    """How one trainable variable is synchronised on this rank.
+
+    ``variable`` is the model's Keras variable; ``shard`` the owned partitions of a PS
+    variable (None for AR). ``routed``: the model reads it through ``embedding_lookup``
+    (only then can PS serve it sparsely).
+    """
+
+    name: str
+    variable: object
+    method: Method
+    kind: Kind
+    partitions: int
+    shard: ShardedVariable | None = None
+    routed: bool = False
+
+    @property
+    def ps_sparse(self) -> bool:
+        return self.method is Method.PS and self.kind is Kind.SPARSE
+
+    @property
+    def ps_dense(self) -> bool:
+        return self.method is Method.PS and self.kind is Kind.DENSE
+
+    @property
+    def tape_variables(self) -> list:
+        """What the tape differentiates: the owned partitions of a PS sparse variable (the
+        model variable itself is never read), the model variable otherwise."""
+        return list(self.shard.parts) if self.ps_sparse else [self.variable]
+
+    @property
+    def optimizer_variables(self) -> list:
+        """What the optimizer updates on this rank: owned partitions for PS, else the variable."""
+        return list(self.shard.parts) if self.method is Method.PS else [self.variable]
+
+    @property
+    def size_bytes(self) -> int:
+        return int(math.prod(self.variable.shape)) * tf.as_dtype(self.variable.dtype).size
+
+
+def _scale(grad, factor: float):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
+def _dedupe(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """Sum the values of repeated indices: one entry per touched row."""
+    unique, position = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
+class GradientExchange:
+    """Turns this rank's local gradients into the (grad, variable) pairs its optimizer applies,
+    and pulls PS dense values after the update. Call both inside the traced train step."""
+
+    def __init__(self, syncs: list[VariableSync], ranks: int, rank: int, ledger: ByteLedger):
+        import horovod.tensorflow as hvd
+
+        self.hvd = hvd
+        self.syncs = syncs
+        self.ranks = ranks
+        self.rank = rank
+        self.ledger = ledger
+
+    def exchange(self, grads_by_sync: list[list]) -> list[tuple]:
+        hvd, N = self.hvd, self.ranks
+        pairs: list[tuple] = []
+        dense_ar: list[tuple[VariableSync, tf.Tensor]] = []
+        for sync, grads in zip(self.syncs, grads_by_sync):
+            if sync.method is Method.AR:
+                grad = grads[0]
+                if grad is None:
+                    continue
+                if isinstance(grad, tf.IndexedSlices):
+                    pairs.append((self._allgather_sparse(sync, grad), sync.variable))
+                else:
+                    dense_ar.append((sync, grad))
+            elif sync.ps_sparse:
+                for grad, part in zip(grads, sync.shard.parts):
+                    if grad is not None:
+                        pairs.append((_scale(grad, 1.0 / N), part))
+            else:
+                grad = grads[0]
+                if grad is not None:
+                    pairs.extend(self._push_dense(sync, tf.convert_to_tensor(grad)))
+        if dense_ar:
+            if N > 1:
+                reduced = hvd.grouped_allreduce([g for _, g in dense_ar], op=hvd.Average)
+            else:
+                reduced = [g for _, g in dense_ar]
+            for (sync, _), grad in zip(dense_ar, reduced):
+                self.ledger.add(sync.name, *ring_allreduce_bytes(sync.size_bytes, N))
+                pairs.append((grad, sync.variable))
+        return pairs
+
+    def _allgather_sparse(self, sync: VariableSync, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+        hvd, N = self.hvd, self.ranks
+        grad = _dedupe(grad)
+        row_bytes = int(math.prod(sync.variable.shape[1:])) * tf.as_dtype(sync.variable.dtype).size + 8
+        own = tf.cast(tf.shape(grad.indices)[0], tf.float64) * row_bytes
+        if N == 1:
+            return grad
+        gathered = hvd.allreduce(tf.IndexedSlices(grad.values, grad.indices, grad.dense_shape), op=hvd.Average)
+        total = tf.cast(tf.shape(gathered.indices)[0], tf.float64) * row_bytes
+        self.ledger.add(sync.name, *allgather_bytes(own, total, N))
+        return gathered
+
+    # ---------------------------------------------------------------- PS dense
+    @staticmethod
+    def _partition_rows(full: tf.Tensor, partitions: int, p: int) -> tf.Tensor:
+        return full[p::partitions]
+
+    def _push_dense(self, sync: VariableSync, grad: tf.Tensor) -> list[tuple]:
+        """alltoall each partition's gradient to its owner; the owner sums and averages."""
+        hvd, N, shard = self.hvd, self.ranks, sync.shard
+        part = shard.partitioning
+        grad = tf.reshape(grad, (part.rows,) + shard.row_shape)
+        flat_by_owner, splits = [], []
+        for owner in range(N):
+            pieces = [tf.reshape(self._partition_rows(grad, part.partitions, p), [-1]) for p in part.owned_by(owner)]
+            splits.append(sum(part.rows_in(p) for p in part.owned_by(owner)) * int(np.prod(shard.row_shape)))
+            flat_by_owner.extend(pieces)
+        mine = splits[self.rank]
+        if N > 1:
+            send = tf.concat(flat_by_owner, 0) if flat_by_owner else tf.zeros([0], grad.dtype)
+            received, _ = hvd.alltoall(send, splits=tf.constant(splits, tf.int32))
+            summed = tf.reduce_sum(tf.reshape(received, [N, mine]), 0)
+        else:
+            summed = tf.concat(flat_by_owner, 0)
+        itemsize = grad.dtype.size
+        total = sum(splits)
+        self.ledger.add(sync.name, (total - mine) * itemsize, (N - 1) * mine * itemsize)
+        pairs, offset = [], 0
+        for p, variable in zip(shard.owned, shard.parts):
+            size = part.rows_in(p) * int(np.prod(shard.row_shape))
+            piece = tf.reshape(summed[offset:offset + size], (part.rows_in(p),) + shard.row_shape)
+            pairs.append((piece / N, variable))
+            offset += size
+        return pairs
+
+    def pull_dense(self) -> None:
+        """Every rank's full copy of each PS dense variable := the owners' fresh partitions."""
+        hvd, N = self.hvd, self.ranks
+        for sync in self.syncs:
+            if not sync.ps_dense:
+                continue
+            shard, part = sync.shard, sync.shard.partitioning
+            row = int(np.prod(shard.row_shape))
+            mine = [tf.reshape(v.value, [-1]) for v in shard.parts]
+            own = tf.concat(mine, 0) if mine else tf.zeros([0], shard.dtype)
+            everything = hvd.allgather(own) if N > 1 else own
+            order = part.owner_order()
+            sizes = [part.rows_in(p) * row for p in order]
+            pieces = tf.split(everything, sizes) if len(sizes) > 1 else [everything]
+            indices = [tf.range(p, part.rows, part.partitions) for p in order]
+            rows = [tf.reshape(piece, (part.rows_in(p),) + shard.row_shape) for p, piece in zip(order, pieces)]
+            full = tf.dynamic_stitch(indices, rows)
+            sync.variable.assign(tf.reshape(full, sync.variable.shape))
+            own_bytes = sizes and sum(part.rows_in(p) for p in shard.owned) * row * shard.dtype.size
+            self.ledger.add(sync.name, *allgather_bytes(float(own_bytes or 0), float(sum(sizes) * shard.dtype.size), N))

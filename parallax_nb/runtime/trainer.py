@@ -1,0 +1,354 @@
+"""The distributed trainer that runs on every rank (DESIGN.md §5, §7).
+
+Set-up, in order, identical on every rank:
+
+1. rebuild the user's model; point Keras ``Embedding`` layers at ``embedding_lookup``;
+2. check the plan names exactly the model's trainable variables; find which of them the
+   model reads through ``embedding_lookup`` (one local forward pass with a recording router):
+   only those can be served sparsely by PS, a PS variable read otherwise is treated as PS dense;
+3. broadcast every variable from rank 0 except the PS sparse ones, whose partitions rank 0
+   scatters to their owners (alltoall) before every rank frees its copy of the full table;
+4. build the optimizer over what this rank updates: AR variables and owned PS partitions.
+
+Each step: forward and backward with the sharded lookup router active, gradient exchange per
+variable (:mod:`.sync`), optimizer update, PS dense pull, global mean loss; all inside one
+``tf.function`` so Horovod's collectives are named identically on every rank.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from .. import ops
+from ..errors import DistributedError, PlanError
+from ..job import Job
+from ..types import Kind, Method
+from .accounting import ByteLedger
+from .context import configure_threads, horovod, rank_info
+from .partitioning import RowPartitioning
+from .result import StepRecord, TrainResult
+from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
+from .sync import GradientExchange, VariableSync
+
+FIRST_STEP_TIMEOUT_FLOOR_S = 300.0  # the first step also traces the step function
+
+
+class StepWatchdog(threading.Thread):
+    """Turns a step that hangs (a collective waiting for a rank that died or left) into a
+    :class:`DistributedError` reported by this rank, then ends the process: a thread blocked
+    inside MPI cannot be unwound, and exiting lets ``mpirun`` stop the other ranks."""
+
+    def __init__(self, rank: int):
+        super().__init__(daemon=True, name="parallax-step-watchdog")
+        self.rank = rank
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        self._step = -1
+        self._timeout = 0.0
+        self._stop = threading.Event()
+
+    def arm(self, step: int, timeout_s: float) -> None:
+        with self._lock:
+            self._step, self._timeout, self._deadline = step, timeout_s, time.monotonic() + timeout_s
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                expired = self._deadline is not None and time.monotonic() > self._deadline
+                step, timeout = self._step, self._timeout
+            if expired:
+                from ..launch import report_rank_failure
+
+                error = DistributedError(
+                    f"rank {self.rank}: step {step} did not finish within {timeout:g} s; a collective is hung "
+                    "(another rank probably failed or stopped)",
+                    hint="look for the first rank that failed in the output; raise step_timeout_s if steps are slow")
+                report_rank_failure(error, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
+                os._exit(3)
+
+
+class Trainer:
+    """One rank's part of a synchronous data-parallel run of ``job`` under ``plan``.
+
+    ``partitions`` overrides the plan's partition count of every PS variable (partition search).
+    """
+
+    def __init__(self, job: Job, plan, partitions: int | None = None):
+        configure_threads()
+        self.hvd = hvd = horovod()
+        self.info = rank_info()
+        self.job, self.plan = job, plan
+        self.ranks, self.rank = self.info.size, self.info.rank
+        self.model = job.build_model()
+        self.routed = set(route_embedding_layers(self.model))
+        trainable = list(self.model.trainable_variables)
+        names = [v.path for v in trainable]
+        if len(set(names)) != len(names):
+            raise PlanError(f"the model has several trainable variables with one path: {names}",
+                            hint="give every layer a unique name")
+        plan.validate_for(names)
+        self._probe_lookups()
+        self.syncs = [self._variable_sync(v, partitions) for v in trainable]
+        self._broadcast_initial_values()
+        self._shard_ps_variables()
+        self.optimizer = job.make_optimizer()
+        self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
+        self.ledger = ByteLedger()
+        shards = {s.name: s.shard for s in self.syncs if s.ps_sparse}
+        self.router = ShardedLookupRouter(shards, self.ranks, self.rank, self.ledger)
+        self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger)
+        self._step_fn = tf.function(self._step, autograph=False)
+        self.step = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _first_batch(self):
+        return next(iter(self.job.dataset(self.rank, self.ranks).take(1)))
+
+    def _probe_lookups(self) -> None:
+        x, _ = self._first_batch()
+        recorder = RecordingRouter()
+        with ops.route_lookups(recorder):
+            self.model(x, training=False)
+        self.routed |= recorder.paths
+
+    def _variable_sync(self, variable, partitions: int | None) -> VariableSync:
+        name = variable.path
+        method, kind = self.plan.method(name), self.plan[name].kind
+        parts = 1
+        if method is Method.PS:
+            if kind is Kind.SPARSE and name not in self.routed:
+                kind = Kind.DENSE  # gathered outside embedding_lookup: cannot be served by rows
+            rows = int(variable.shape[0]) if len(variable.shape) else 1
+            parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
+        return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
+                            routed=name in self.routed)
+
+    def _broadcast_initial_values(self) -> None:
+        hvd = self.hvd
+        skip = {s.name for s in self.syncs if s.ps_sparse}
+        for i, variable in enumerate(self.model.variables):
+            if variable.path in skip or self.ranks == 1:
+                continue
+            variable.assign(hvd.broadcast(variable.value, root_rank=0, name=f"px_init_{i}"))
+
+    def _shard_ps_variables(self) -> None:
+        """Build each PS variable's owned partitions; PS sparse ones are scattered from rank 0
+        and the full table released; PS dense ones keep the full copy the forward reads."""
+        for i, sync in enumerate(self.syncs):
+            if sync.method is not Method.PS:
+                continue
+            variable = sync.variable
+            shape = tuple(variable.shape) if len(variable.shape) else (1,)
+            part = RowPartitioning(shape[0], sync.partitions, self.ranks)
+            if sync.ps_sparse:
+                initial = self._scatter_from_root(variable, part, shape, f"px_scatter_{i}")
+            else:
+                full = np.reshape(variable.numpy(), shape)
+                initial = {p: part.split(full, p) for p in part.owned_by(self.rank)}
+            sync.shard = ShardedVariable(sync.name, shape, variable.dtype, part, self.rank, initial)
+            if sync.ps_sparse:
+                release_storage(variable)
+
+    def _scatter_from_root(self, variable, part: RowPartitioning, shape, name: str) -> dict[int, np.ndarray]:
+        hvd, N = self.hvd, self.ranks
+        dtype = tf.as_dtype(variable.dtype)
+        row = int(math.prod(shape[1:]))
+        if self.rank == 0:
+            full = np.reshape(variable.numpy(), shape)
+            send = np.concatenate([part.split(full, p).reshape(-1) for p in part.owner_order()])
+            splits = [part.rows_owned_by(r) * row for r in range(N)]
+        else:
+            send = np.zeros([0], dtype.as_numpy_dtype)
+            splits = [0] * N
+        if N > 1:
+            received, _ = hvd.alltoall(tf.constant(send), splits=tf.constant(splits, tf.int32), name=name)
+            received = received.numpy()
+        else:
+            received = send
+        out, offset = {}, 0
+        for p in part.owned_by(self.rank):
+            size = part.rows_in(p) * row
+            out[p] = received[offset:offset + size].reshape((part.rows_in(p),) + tuple(shape[1:]))
+            offset += size
+        return out
+
+    # ------------------------------------------------------------------ the step
+    def _step(self, x, y):
+        hvd = self.hvd
+        self.ledger.clear()
+        tape_vars = [s.tape_variables for s in self.syncs]
+        with ops.route_lookups(self.router):
+            with tf.GradientTape() as tape:
+                loss = self.job.loss_value(self.model, x, y, training=True)
+            flat = tape.gradient(loss, [v for vs in tape_vars for v in vs])
+        grads, offset = [], 0
+        for vs in tape_vars:
+            grads.append(flat[offset:offset + len(vs)])
+            offset += len(vs)
+        pairs = self.exchange.exchange(grads)
+        self.optimizer.apply_gradients(pairs)
+        self.exchange.pull_dense()
+        mean_loss = hvd.allreduce(loss, op=hvd.Average, name="px_loss") if self.ranks > 1 else loss
+        return mean_loss, self.ledger.totals([s.name for s in self.syncs])
+
+    def run_step(self, x, y) -> StepRecord:
+        start = time.perf_counter()
+        loss, byte_totals = self._step_fn(x, y)
+        loss = float(loss)
+        elapsed = time.perf_counter() - start
+        by_var = {name: (float(v[0]), float(v[1])) for name, v in byte_totals.items()}
+        self.step += 1
+        return StepRecord(step=self.step, loss=loss, examples_per_s=self.ranks * self.job.batch_size / elapsed,
+                          step_time_s=elapsed, bytes_sent=sum(s for s, _ in by_var.values()),
+                          bytes_received=sum(r for _, r in by_var.values()), bytes_by_variable=by_var)
+
+    # ------------------------------------------------------------------ gathering
+    def gather_partitions(self, sync: VariableSync, local: dict[int, np.ndarray], tag: str) -> np.ndarray:
+        """The full array of a PS variable (or of one of its optimizer slots) from the owners'
+        partitions ``local`` (partition -> array on this rank). Collective."""
+        part, shape = sync.shard.partitioning, sync.shard.shape
+        row = int(math.prod(shape[1:]))
+        own = [local[p].reshape(-1) for p in sync.shard.owned]
+        flat = np.concatenate(own) if own else np.zeros([0], sync.shard.dtype.as_numpy_dtype)
+        everything = self.hvd.allgather(tf.constant(flat), name=f"px_gather_{tag}").numpy() if self.ranks > 1 else flat
+        parts, offset = {}, 0
+        for p in part.owner_order():
+            size = part.rows_in(p) * row
+            parts[p] = everything[offset:offset + size].reshape((part.rows_in(p),) + tuple(shape[1:]))
+            offset += size
+        return part.assemble(parts).reshape(tuple(sync.variable.shape))
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Every model variable, full single-device values, on every rank. Collective."""
+        out = {}
+        by_name = {s.name: s for s in self.syncs}
+        for i, variable in enumerate(self.model.variables):
+            sync = by_name.get(variable.path)
+            if sync is not None and sync.ps_sparse:
+                out[variable.path] = self.gather_partitions(sync, sync.shard.values(), f"w{i}")
+            else:
+                out[variable.path] = np.array(variable.numpy())
+        return out
+
+    def storage_bytes(self) -> dict[str, int]:
+        """Bytes each trainable variable occupies on this rank: owned partitions for PS sparse
+        (the model's copy is released), the full variable otherwise (plus partitions for PS dense)."""
+        out = {}
+        for s in self.syncs:
+            held = storage_bytes(s.variable)
+            if s.shard is not None:
+                held += s.shard.local_bytes
+            out[s.name] = held
+        return out
+
+    def variable_table(self) -> dict:
+        return {s.name: {"method": s.method.value, "kind": s.kind.value,
+                         "partitions": s.partitions if s.method is Method.PS else 1} for s in self.syncs}
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, steps: int, *, checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+            on_step: Callable[[StepRecord], None] | None = None, should_stop: Callable[[], bool] | None = None,
+            step_timeout_s: float | None = None) -> TrainResult:
+        from . import checkpoint as ckpt
+
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            from ..errors import ConfigError
+            raise ConfigError(f"steps must be a whole number >= 0, got {steps!r}")
+        if resume and checkpoint_dir:
+            latest = ckpt.latest_checkpoint(checkpoint_dir)
+            if latest is not None:
+                ckpt.restore(self, latest)
+        history: list[StepRecord] = []
+        saved: list[str] = []
+        stopped = False
+        data = iter(self.job.dataset(self.rank, self.ranks).skip(self.step))
+        watchdog = None
+        if step_timeout_s:
+            watchdog = StepWatchdog(self.rank)
+            watchdog.start()
+        try:
+            while self.step < steps:
+                if should_stop is not None and self._any_rank(bool(should_stop())):
+                    stopped = True
+                    break
+                x, y = next(data)
+                if watchdog is not None:
+                    limit = step_timeout_s if history else max(step_timeout_s, FIRST_STEP_TIMEOUT_FLOOR_S)
+                    watchdog.arm(self.step + 1, limit)
+                record = self.run_step(x, y)
+                if watchdog is not None:
+                    watchdog.disarm()
+                history.append(record)
+                if on_step is not None:
+                    on_step(record)
+                if checkpoint_dir and checkpoint_every and self.step % checkpoint_every == 0:
+                    saved.append(ckpt.save(self, checkpoint_dir))
+            if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
+                saved.append(ckpt.save(self, checkpoint_dir))
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
+        return TrainResult(
+            steps_done=self.step, history=history, weights=self.weights(), stopped_early=stopped, job=self.job,
+            ranks=self.ranks, machines=self.info.machines, workers_per_machine=self.info.local_size,
+            architecture=self.plan.architecture.value, batch_size_per_rank=self.job.batch_size,
+            variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
+            rank_mean_bytes=self._rank_mean_bytes(history))
+
+    def _any_rank(self, flag: bool) -> bool:
+        if self.ranks == 1:
+            return flag
+        value = self.hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=self.hvd.Max, name="px_should_stop")
+        return bool(value.numpy() > 0)
+
+    def _rank_mean_bytes(self, history: list[StepRecord]) -> dict:
+        measured = history[1:] if len(history) > 1 else history
+        names = [s.name for s in self.syncs]
+        local = np.zeros((len(names), 2), np.float64)
+        for record in measured:
+            for i, name in enumerate(names):
+                local[i] += record.bytes_by_variable.get(name, (0.0, 0.0))
+        if measured:
+            local /= len(measured)
+        if self.ranks > 1:
+            local = self.hvd.allreduce(tf.constant(local), op=self.hvd.Average, name="px_mean_bytes").numpy()
+        return {name: (float(local[i, 0]), float(local[i, 1])) for i, name in enumerate(names)}
+
+
+def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+          resume: bool = False, on_step: Callable[[StepRecord], None] | None = None,
+          should_stop: Callable[[], bool] | None = None, step_timeout_s: float | None = None) -> TrainResult:
+    """Train ``job`` under ``plan`` until step ``steps`` (total, counting steps of a resumed
+    checkpoint); call on every rank of an MPI job with the same arguments.
+
+    ``checkpoint_dir``: checkpoints every ``checkpoint_every`` steps and at the end (written
+    by rank 0). ``resume``: continue from the latest checkpoint there (same data position,
+    optimizer state and weights). ``on_step(record)`` after every step on every rank.
+    ``should_stop()`` is polled before each step; when any rank says True, all stop together
+    (``stopped_early``). ``step_timeout_s``: a step that takes longer (the first step gets at
+    least 300 s, it traces the function) is reported as a DistributedError and ends the process.
+    """
+    if not isinstance(job, Job):
+        from ..errors import JobError
+        raise JobError(f"train needs a parallax_nb.Job, got {type(job).__name__}")
+    trainer = Trainer(job, plan)
+    return trainer.run(steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+                       on_step=on_step, should_stop=should_stop, step_timeout_s=step_timeout_s)
+
+
+def _print(*args) -> None:
+    print(*args, file=sys.stderr, flush=True)
