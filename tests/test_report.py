@@ -307,3 +307,45 @@ def test_cli_writes_the_three_files_and_prints_their_paths(lm_profile, lm_plan, 
     rc = main(["report", "--profile", str(tmp_path / "missing.json"), "--plan", str(tmp_path / "plan.json"),
                "-o", str(out)])
     assert rc == 2 and "missing.json" in capsys.readouterr().err
+
+
+def train_tiny_lm_summary(plan, steps):
+    """On every rank: train the tiny LM under ``plan`` and return the run summary."""
+    from parallax_nb.runtime import train
+    from parallax_nb.workloads import lm_job
+
+    return train(lm_job("tiny"), plan, steps).summary()
+
+
+@pytest.mark.mpi
+def test_report_of_a_real_two_rank_run(lm_profile, tmp_path, test_output_dir):
+    """A real 2-rank HYBRID run of the tiny LM (Horovod over Open MPI), reported against the model."""
+    pytest.importorskip("horovod.tensorflow")
+    from parallax_nb.launch import run_on_ranks
+
+    plan = make_plan(lm_profile, ClusterSpec.create(machines=2, workers_per_machine=1, bandwidth="10Gbit/s"), "hybrid")
+    summaries = run_on_ranks(train_tiny_lm_summary, np=2, args=(plan, 4), timeout_s=300)
+    summary = summaries[0]
+    (tmp_path / "run.json").write_text(json.dumps(summary))
+    rep = report(lm_profile, plan, tmp_path, notes="tiny LM, 2 ranks on one host, 4 steps")
+    files = rep.save(test_output_dir / "report_lm_2ranks.html")
+
+    measured = rep.to_dict()["measured"]
+    predicted = cost.estimate(lm_profile, plan, cluster=run_cluster(plan.cluster, 2))
+    bytes_row, time_row = measured["totals"]
+    assert bytes_row["predicted"] == predicted.bytes_per_machine_per_step
+    assert bytes_row["measured"] == summary["bytes_sent_per_step"] + summary["bytes_received_per_step"]
+    assert bytes_row["error_pct"] == pytest.approx(100 * (bytes_row["measured"] / bytes_row["predicted"] - 1))
+    assert abs(bytes_row["error_pct"]) < 25, bytes_row  # same units and basis: per rank, sent + received, per step
+    assert time_row["measured"] == summary["step_time_s_median"] and time_row["error_pct"] is not None
+    rows = {v["name"]: v for v in measured["variables"]}
+    assert set(rows) == set(lm_profile.names)
+    for var in lm_profile.variables:
+        assert rows[var.name]["method"] == plan.method(var.name).value
+        if not var.is_sparse:  # a dense ring allreduce moves exactly the model's bytes
+            assert rows[var.name]["error_pct"] == pytest.approx(0.0, abs=1.0), rows[var.name]
+    page = open(files.html, encoding="utf-8").read()
+    shown = Tables(page).tables["measured-variables"]
+    assert len(shown) == 1 + len(lm_profile.variables)
+    assert all(r[3].endswith("%") for r in shown[1:])
+    assert Report.from_json(files.json).to_dict() == rep.to_dict()

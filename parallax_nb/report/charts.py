@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit, same output everywhere
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from ..types import format_bytes  # noqa: E402
 
@@ -57,7 +57,7 @@ def svg_data_uri(svg: str) -> str:
 
 
 def _bytes_axis(value, _pos) -> str:
-    return format_bytes(value) if value > 0 else "0"
+    return format_bytes(value).replace(".0 ", " ") if value > 0 else "0"
 
 
 def bytes_per_variable_svg(variables: list[dict]) -> str:
@@ -87,6 +87,7 @@ def bytes_per_variable_svg(variables: list[dict]) -> str:
         ax.set_yticklabels([_short(v["name"]) for v in shown])
         if positive and max(positive) / min(positive) > 100:
             ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=4))  # powers of 4 are round binary sizes: 1 KiB, 4 KiB...
             ax.set_xlim(left=min(positive) / 2)
         ax.xaxis.set_major_formatter(FuncFormatter(_bytes_axis))
         ax.set_xlabel("bytes sent + received per machine per step (black edge: the plan's method)")
@@ -105,9 +106,11 @@ def step_time_curve_svg(curve: dict, current_machines: int | None = None) -> str
     with plt.rc_context(_STYLE):
         fig, ax = plt.subplots(figsize=(8.0, 3.6))
         for arch, times in curve["step_time_s"].items():
+            # HYBRID and AUTO often coincide: HYBRID is drawn wide and pale beneath AUTO.
+            wide = arch == "hybrid"
             ax.plot(machines, [t * 1e3 for t in times], label=ARCH_LABELS.get(arch, arch),
-                    color=ARCH_COLOURS.get(arch), linewidth=1.6,
-                    linestyle=ARCH_LINESTYLES.get(arch, "-"))
+                    color=ARCH_COLOURS.get(arch), linewidth=4.0 if wide else 1.6, alpha=0.45 if wide else 1.0,
+                    linestyle=ARCH_LINESTYLES.get(arch, "-"), zorder=2 if wide else 3)
         if current_machines is not None:
             ax.axvline(current_machines, color="#4a5568", linestyle=":", linewidth=1)
             ax.annotate(f"planned: {current_machines}", (current_machines, 1.0), xycoords=("data", "axes fraction"),

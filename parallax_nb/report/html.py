@@ -19,7 +19,7 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'n
 # Scoped under .pxr so the fragment can sit inside a notebook without restyling it.
 CSS = """
 .pxr { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
-  color: #1a202c; line-height: 1.45; max-width: 1100px; margin: 0 auto; padding: 8px 20px 40px; }
+  color: #1a202c; line-height: 1.45; max-width: 1240px; margin: 0 auto; padding: 8px 20px 40px; }
 .pxr h1 { font-size: 1.6em; margin: 0.6em 0 0.1em; }
 .pxr h2 { font-size: 1.2em; margin: 1.6em 0 0.5em; padding-bottom: 4px; border-bottom: 2px solid #e2e8f0; }
 .pxr .subtitle { color: #4a5568; margin: 0 0 1em; }
@@ -32,7 +32,9 @@ CSS = """
 .pxr td { padding: 5px 8px; border-bottom: 1px solid #e2e8f0; vertical-align: top; }
 .pxr tbody tr:nth-child(even) { background: #f9fafb; }
 .pxr td.nowrap { white-space: nowrap; }
-.pxr td.num, .pxr th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.pxr td.num, .pxr th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pxr td.num { white-space: nowrap; }
+.pxr .scroll { overflow-x: auto; }
 .pxr td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; overflow-wrap: break-word; }
 .pxr table.facts td:first-child { width: 34%; color: #4a5568; }
 .pxr h3 { font-size: 1.02em; margin: 1.2em 0 0.4em; }
@@ -156,7 +158,7 @@ def _variables_table(data: dict) -> str:
             f'cluster; &alpha; is the fraction of a variable\'s rows one worker\'s step touches (1 for dense variables)'
             + ('; &alpha; per machine is the union of a machine\'s workers, what local aggregation sends' if per_machine else '')
             + '.</p>'
-            f'<table class="variables"><thead>{head}</thead><tbody>{"".join(body)}</tbody><tfoot>{foot}</tfoot></table>')
+            f'<div class="scroll"><table class="variables"><thead>{head}</thead><tbody>{"".join(body)}</tbody><tfoot>{foot}</tfoot></table></div>')
 
 
 def _architectures_table(data: dict) -> str:
@@ -181,8 +183,8 @@ def _architectures_table(data: dict) -> str:
         rows.append(row(f"this plan ({str(plan['architecture']).upper()}, edited)", plan, True))
     for a in data["architectures"]:
         rows.append(row(a["label"], a, plan_is_whole_model and a["name"] == plan["architecture"]))
-    return (f'<h2>Totals per architecture</h2><table class="architectures"><thead>{head}</thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>'
+    return (f'<h2>Totals per architecture</h2><div class="scroll"><table class="architectures"><thead>{head}</thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>'
             f'<p class="muted">Highlighted: this plan. Communication = transfer (bytes / bandwidth) + latency '
             f'(message rounds x latency); step time = profiled compute time '
             f'({esc(fmt_ms(data["profile"]["step_time_s"]))}) + communication, without overlap. '
@@ -246,9 +248,9 @@ def _measured(data: dict) -> str:
     warnings = "".join(f'<div class="warn">{esc(w)}</div>' for w in m.get("warnings", []))
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
             f"<p>{esc(m['basis'])}</p>"
-            f'<table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table>'
+            f'<div class="scroll"><table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table></div>'
             f'<h3>Per variable (bytes sent + received per rank per step)</h3>'
-            f'<table class="measured-variables"><thead>{head}</thead><tbody>{per_var}</tbody></table>'
+            f'<div class="scroll"><table class="measured-variables"><thead>{head}</thead><tbody>{per_var}</tbody></table></div>'
             f'<p class="muted">error = (measured - predicted) / predicted.</p>')
 
 
