@@ -54,8 +54,12 @@ def execute_notebook(notebook: pathlib.Path, output_dir: pathlib.Path, *, cell_t
     executed = output_dir / notebook.name
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel,
                             resources={"metadata": {"path": str(output_dir)}})
+    kernel_env = {**os.environ, **(env or {})}
+    # the kernel (and the engines it starts) import the same parallax_nb as this command
+    source_root = str(pathlib.Path(__file__).resolve().parents[2])
+    kernel_env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, kernel_env.get("PYTHONPATH")) if p)
     try:
-        client.execute(env={**os.environ, **(env or {})})   # env: passed to the kernel's process
+        client.execute(env=kernel_env)
     except CellExecutionError as e:
         nbformat.write(nb, executed)
         raise NotebookError(f"a cell of {notebook.name} failed: {_last_line(str(e))}",
