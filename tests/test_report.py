@@ -261,12 +261,25 @@ def test_run_can_be_a_directory_a_file_or_an_object_with_summary(lm_profile, lm_
     (lambda r: r.update(ranks="two"), "'ranks'"),
     (lambda r: r.update(ranks=0), "ranks must be >= 1"),
     (lambda r: next(iter(r["variables"].values())).update(method="allgather"), "unknown method 'allgather'"),
+    (lambda r: r.update(bytes_sent_per_step=-1.0), "must be >= 0"),
+    (lambda r: r.update(bytes_received_per_step=float("inf")), "must be a finite number"),
 ])
 def test_bad_run_summaries_are_named(lm_profile, lm_plan, change, message):
     run = json.loads(json.dumps(run_summary_for(lm_profile, lm_plan, 2, {}, 0.0)))
     change(run)
     with pytest.raises(ConfigError, match=re.escape(message)):
         report(lm_profile, lm_plan, run)
+
+
+def test_a_run_without_measured_steps_shows_unknown_times(lm_profile, lm_plan):
+    run = dict(run_summary_for(lm_profile, lm_plan, 2, {}, 0.0), step_time_s_median=float("nan"),
+               examples_per_s_median=float("nan"), final_loss=float("nan"))
+    rep = report(lm_profile, lm_plan, json.loads(json.dumps(run)))  # NaN survives Python's json, not the report's
+    time_row = rep.to_dict()["measured"]["totals"][1]
+    assert time_row["measured"] is None and time_row["error_pct"] is None
+    assert "NaN" not in rep.to_json()
+    shown = Tables(rep.html()).tables["measured"][2]
+    assert shown[0] == "step time (median)" and shown[2:] == ["n/a", "n/a"]
 
 
 def test_bad_inputs_raise_clear_errors(lm_profile, lm_plan, lm_report, tmp_path):

@@ -49,6 +49,7 @@ _RUN_FIELDS = {
     "batch_size_per_rank": int, "step_time_s_median": float, "examples_per_s_median": float,
     "final_loss": float, "bytes_sent_per_step": float, "bytes_received_per_step": float,
 }
+_MAY_BE_UNKNOWN = ("step_time_s_median", "examples_per_s_median", "final_loss")
 _RUN_VARIABLE_FIELDS = {"method": str, "bytes_sent_per_step": float, "bytes_received_per_step": float}
 
 
@@ -139,12 +140,12 @@ def _typed_fields(d: dict, spec: dict, where: str) -> dict:
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: field {key!r} should be {typ.__name__}, got {value!r}") from None
         if typ is float and not math.isfinite(out[key]):
-            out[key] = None if key in ("final_loss",) else _raise_nonfinite(where, key, value)
+            if key not in _MAY_BE_UNKNOWN:
+                raise ConfigError(f"{where}: field {key!r} must be a finite number, got {value!r}")
+            out[key] = None  # a run without measured steps has no median; JSON has no NaN
+        elif typ is float and key.startswith("bytes_") and out[key] < 0:
+            raise ConfigError(f"{where}: field {key!r} must be >= 0, got {value!r}")
     return out
-
-
-def _raise_nonfinite(where, key, value):
-    raise ConfigError(f"{where}: field {key!r} must be finite, got {value!r}")
 
 
 # ---------------------------------------------------------------- the report data

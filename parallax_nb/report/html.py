@@ -47,7 +47,7 @@ CSS = """
 .pxr ul.assumptions li { margin: 3px 0; }
 .pxr figure { margin: 10px 0; } .pxr figure img { max-width: 100%; height: auto; }
 .pxr figcaption { color: #4a5568; font-size: 0.88em; }
-.pxr .notes { background: #fffbeb; border-left: 4px solid #d69e2e; padding: 8px 12px; white-space: pre-wrap; }
+.pxr .notes { background: #fffbeb; border-left: 4px solid #d69e2e; padding: 8px 12px; margin: 0 0 12px; white-space: pre-wrap; }
 .pxr .warn { background: #fff5f5; border-left: 4px solid #c53030; padding: 6px 12px; margin: 6px 0; }
 .pxr .muted { color: #718096; font-size: 0.85em; }
 """
@@ -232,7 +232,7 @@ def _measured(data: dict) -> str:
     facts = [("architecture", str(run["architecture"]).upper()), ("ranks", run["ranks"]),
              ("machines x workers", f"{run['machines']} x {run['workers_per_machine']}"),
              ("steps", run["steps"]), ("batch size per rank", run["batch_size_per_rank"]),
-             ("median examples/s", f"{run['examples_per_s_median']:,.1f}"), ("final loss", "n/a" if run["final_loss"] is None else f"{run['final_loss']:.5g}"),
+             ("median examples/s", _fmt_count(run["examples_per_s_median"])), ("final loss", "n/a" if run["final_loss"] is None else f"{run['final_loss']:.5g}"),
              ("median step time", fmt_ms(run["step_time_s_median"]))]
     facts_html = "".join(_card(k, str(v)) for k, v in facts)
     head = "<tr><th>quantity</th><th class=num>predicted</th><th class=num>measured</th><th class=num>error</th></tr>"
