@@ -104,8 +104,9 @@ def save(trainer, directory: str) -> str:
     path = os.path.join(os.path.abspath(directory), checkpoint_name(trainer.step))
     if trainer.rank == 0:
         _write(path, trainer, weights, optimizer)
-    if trainer.ranks > 1:
-        trainer.hvd.join()  # nobody reads a checkpoint before it is complete
+    from .context import barrier
+
+    barrier(f"ckpt_{trainer.step}")  # nobody reads a checkpoint before it is complete
     return path
 
 

@@ -75,3 +75,12 @@ def configure_threads() -> None:
                 setter(int(os.environ[env]))
             except RuntimeError:
                 pass  # TensorFlow already started; keep its pools
+
+
+def barrier(tag: str) -> None:
+    """Wait until every rank reaches this point (a one-number allreduce named ``tag``)."""
+    import tensorflow as tf
+
+    hvd = horovod()
+    if hvd.size() > 1:
+        hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name=f"px_barrier_{tag}").numpy()

@@ -1,0 +1,204 @@
+"""``python -m parallax_nb run <module:job> --np N --steps S --output DIR (--plan plan.json | --arch A)``
+
+Outside MPI it starts ``mpirun`` with N ranks that run this same command; inside an MPI job
+(``mpirun``/``horovodrun`` of your own: ``OMPI_COMM_WORLD_SIZE`` is set) it runs as one rank.
+Rank 0 leaves in DIR: ``model.keras`` (the trained single-device model), ``history.csv`` (one
+row per step and rank: loss, examples/s, step time, bytes sent and received by that rank),
+``run.json`` (the run summary, schema ``parallax_nb.run``), ``plan.json`` (the plan executed)
+and ``checkpoints/``.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from ..errors import ConfigError, DistributedError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="the Job as module:name (e.g. parallax_nb.workloads:lm_tiny)")
+    parser.add_argument("--plan", help="plan.json from `parallax_nb plan` (else --arch plans from a quick profile)")
+    parser.add_argument("--arch", choices=["hybrid", "ps", "ar", "auto"],
+                        help="plan automatically with this architecture when no --plan is given (default hybrid)")
+    parser.add_argument("--np", type=int, default=2, help="MPI ranks to start (default 2)")
+    parser.add_argument("--steps", type=int, required=True, help="train until this step")
+    parser.add_argument("--output", required=True, help="directory for model.keras, history.csv, run.json, checkpoints/")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K steps (and at the end)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUTPUT/checkpoints")
+    parser.add_argument("--partitions", default=None,
+                        help="partitions of every PS variable: a number, or 'auto' to measure and fit t(P)")
+    parser.add_argument("--hostfile", help="mpirun hostfile (default: all ranks on this machine)")
+    parser.add_argument("--step-timeout", type=float, default=None,
+                        help="seconds after which a hung step stops the run with an error")
+    parser.add_argument("--timeout", type=float, default=None, help="kill the whole run after this many seconds")
+
+
+def _check(args) -> None:
+    if args.np < 1:
+        raise ConfigError(f"--np must be >= 1, got {args.np}")
+    if args.steps < 0:
+        raise ConfigError(f"--steps must be >= 0, got {args.steps}")
+    if args.checkpoint_every < 0:
+        raise ConfigError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    if args.plan and args.arch:
+        raise ConfigError("give either --plan or --arch, not both",
+                          hint="--arch plans automatically; a plan file already fixes every method")
+    if args.plan and not os.path.exists(args.plan):
+        raise ConfigError(f"plan file {args.plan!r} does not exist", hint="make one with `python -m parallax_nb plan`")
+    if args.partitions is not None and args.partitions != "auto":
+        try:
+            if int(args.partitions) < 1:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"--partitions must be a whole number >= 1 or 'auto', got {args.partitions!r}") from None
+
+
+def main(args) -> int:
+    from ..launch import in_mpi_job
+
+    _check(args)
+    if in_mpi_job():
+        return _rank_main(args)
+    return _launch(args)
+
+
+def _launch(args) -> int:
+    """Start mpirun with ``--np`` ranks running this command; report the first failing rank."""
+    from ..launch import kill_process_group, mpirun_command, rank_environment, _read_failures
+
+    os.makedirs(args.output, exist_ok=True)
+    if args.plan:
+        from ..plan import Plan
+
+        Plan.from_json(args.plan)  # fail here, before mpirun, on a bad plan file
+    argv = [sys.executable, "-m", "parallax_nb", "run", *_argv_of(args)]
+    errors = tempfile.mkdtemp(prefix="parallax-run-")
+    cmd = mpirun_command(args.np, argv, hostfile=args.hostfile)
+    env = rank_environment({"PARALLAX_NB_RANK_ERROR_DIR": errors})
+    print(f"parallax_nb run: {args.np} ranks: {' '.join(cmd[:6])} ...", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=args.timeout)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+        kill_process_group(proc)
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        raise DistributedError(f"the run did not finish within {args.timeout:g} s and was stopped") from None
+    finally:
+        kill_process_group(proc)
+    failures = _read_failures(errors)
+    if failures:
+        rank, _, text = failures[0]
+        raise DistributedError(f"rank {rank} of {args.np} failed:\n{text.rstrip()}")
+    if proc.returncode != 0:
+        raise DistributedError(f"mpirun exited with status {proc.returncode}")
+    print(f"parallax_nb run: wrote {args.output}/model.keras, history.csv, run.json", file=sys.stderr)
+    return 0
+
+
+def _argv_of(args) -> list[str]:
+    out = [args.job, "--np", str(args.np), "--steps", str(args.steps), "--output", args.output,
+           "--checkpoint-every", str(args.checkpoint_every)]
+    for flag, value in (("--plan", args.plan), ("--arch", args.arch), ("--partitions", args.partitions),
+                        ("--step-timeout", args.step_timeout)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out + (["--resume"] if args.resume else [])
+
+
+def _plan_on_rank(job, args, info):
+    """The plan every rank executes: the file, or planned on rank 0 from a quick profile and
+    broadcast (so every rank runs the same plan)."""
+    from ..plan import Plan, make_plan, plan_for_kinds
+    from ..types import ClusterSpec
+    from .. import runtime  # noqa: F401
+    from ..runtime.context import horovod
+
+    if args.plan:
+        return Plan.from_json(args.plan)
+    hvd = horovod()
+    text = None
+    if info.rank == 0:
+        cluster = ClusterSpec(machines=max(info.machines, 1), workers_per_machine=max(info.local_size, 1))
+        architecture = args.arch or "hybrid"
+        try:
+            from ..profile import profile_job
+
+            plan = make_plan(profile_job(job, steps=5, warmup=1), cluster, architecture)
+        except ImportError:
+            from ..runtime.reference import variable_kinds
+
+            plan = plan_for_kinds(variable_kinds(job), architecture, cluster=cluster, model_name=job.name)
+        text = plan.to_json()
+    if info.size > 1:
+        text = hvd.broadcast_object(text, root_rank=0, name="px_cli_plan")
+    return Plan.from_json(text)
+
+
+def _rank_main(args) -> int:
+    from ..job import load_job
+    from ..launch import report_rank_failure
+    from ..runtime.context import configure_threads, rank_info
+
+    try:
+        configure_threads()
+        job = load_job(args.job)
+        info = rank_info()
+        plan = _plan_on_rank(job, args, info)
+        search = None
+        if args.partitions == "auto":
+            from ..runtime.partition_search import search_partitions
+
+            search = search_partitions(job, plan)
+            if info.rank == 0:
+                print(f"parallax_nb run: {search}", file=sys.stderr, flush=True)
+            plan = plan.with_methods({}, partitions={n: search.best for n in plan.ps_variables})
+        elif args.partitions is not None:
+            plan = plan.with_methods({}, partitions={n: int(args.partitions) for n in plan.ps_variables})
+        _train_and_write(job, plan, args, info, search)
+    except BaseException as exc:  # noqa: BLE001 - report, then let mpirun stop the other ranks
+        report_rank_failure(exc, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
+        sys.stderr.flush()
+        os._exit(1)
+    from ..runtime.context import shutdown
+
+    shutdown()
+    return 0
+
+
+def _train_and_write(job, plan, args, info, search) -> None:
+    from ..io import atomic_write_text
+    from ..runtime.context import horovod
+    from ..runtime.trainer import train
+
+    result = train(job, plan, args.steps, checkpoint_dir=os.path.join(args.output, "checkpoints"),
+                   checkpoint_every=args.checkpoint_every, resume=args.resume, step_timeout_s=args.step_timeout)
+    rows = [dict(record.to_row(), rank=info.rank) for record in result.history]
+    if info.size > 1:
+        rows = [r for part in horovod().allgather_object(rows, name="px_cli_history") for r in part]
+    if info.rank != 0:
+        return
+    os.makedirs(args.output, exist_ok=True)
+    model = result.single_device_model()
+    tmp = os.path.join(args.output, ".tmp-model.keras")
+    model.save(tmp)
+    os.replace(tmp, os.path.join(args.output, "model.keras"))
+    buffer = io.StringIO()
+    columns = ["step", "rank", "loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received"]
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    for row in sorted(rows, key=lambda r: (r["step"], r["rank"])):
+        writer.writerow({c: row[c] for c in columns})
+    atomic_write_text(os.path.join(args.output, "history.csv"), buffer.getvalue())
+    summary = result.summary()
+    if search is not None:
+        summary["partition_search"] = search.to_dict()
+    summary["job"] = job.name
+    atomic_write_text(os.path.join(args.output, "run.json"), json.dumps(summary, indent=2))
+    plan.to_json(os.path.join(args.output, "plan.json"))

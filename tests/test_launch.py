@@ -1,0 +1,90 @@
+"""parallax_nb.launch: mpirun command lines, results from every rank, failures and timeouts."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from parallax_nb.errors import ConfigError, DistributedError
+from parallax_nb.launch import mpirun_command, run_on_ranks
+
+
+def _whoami(offset):
+    import os
+
+    return int(os.environ["OMPI_COMM_WORLD_RANK"]) + offset, int(os.environ["OMPI_COMM_WORLD_SIZE"])
+
+
+def _raise_on_rank(rank):
+    import os
+
+    if int(os.environ["OMPI_COMM_WORLD_RANK"]) == rank:
+        raise ValueError(f"boom from rank {rank}")
+    time.sleep(600)  # the others would wait forever; mpirun must stop them
+
+
+def _sleep_forever(pid_dir):
+    import os
+
+    with open(os.path.join(pid_dir, f"pid-{os.environ['OMPI_COMM_WORLD_RANK']}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_mpirun_command_defaults():
+    cmd = mpirun_command(3, ["python", "-c", "pass"])
+    assert cmd[1:3] == ["-np", "3"]
+    assert "--oversubscribe" in cmd and cmd[cmd.index("--bind-to") + 1] == "none"
+    assert cmd[-3:] == ["python", "-c", "pass"]
+    if os.geteuid() == 0:
+        assert "--allow-run-as-root" in cmd
+
+
+def test_mpirun_command_mca_and_hostfile(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    cmd = mpirun_command(2, ["x"], hostfile=str(hostfile), extra_mca={"btl": "tcp,self"})
+    assert cmd[cmd.index("--hostfile") + 1] == str(hostfile)
+    i = cmd.index("--mca")
+    assert cmd[i:i + 3] == ["--mca", "btl", "tcp,self"]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_bad_rank_count_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="number of ranks"):
+        mpirun_command(bad, ["x"])
+
+
+def test_missing_hostfile_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="hostfile"):
+        mpirun_command(2, ["x"], hostfile=str(tmp_path / "nope"))
+
+
+@pytest.mark.mpi
+def test_run_on_ranks_returns_every_rank():
+    assert run_on_ranks(_whoami, 3, args=(10,), timeout_s=120) == [(10, 3), (11, 3), (12, 3)]
+
+
+@pytest.mark.mpi
+def test_a_raising_rank_is_named_with_its_traceback():
+    start = time.time()
+    with pytest.raises(DistributedError) as info:
+        run_on_ranks(_raise_on_rank, 2, args=(1,), timeout_s=120)
+    message = str(info.value)
+    assert "rank 1 of 2 failed" in message and "ValueError: boom from rank 1" in message
+    assert "Traceback" in message
+    assert time.time() - start < 60
+
+
+@pytest.mark.mpi
+def test_timeout_kills_every_rank(tmp_path):
+    import psutil
+
+    with pytest.raises(DistributedError, match="did not finish within 8 s"):
+        run_on_ranks(_sleep_forever, 2, args=(str(tmp_path),), timeout_s=8)
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 2
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive
