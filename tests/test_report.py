@@ -285,6 +285,8 @@ def test_a_run_without_measured_steps_shows_unknown_times(lm_profile, lm_plan):
 def test_bad_inputs_raise_clear_errors(lm_profile, lm_plan, lm_report, tmp_path):
     with pytest.raises(ConfigError, match="has no run.json"):
         report(lm_profile, lm_plan, tmp_path)
+    with pytest.raises(ConfigError, match="run not found: .*nowhere"):
+        report(lm_profile, lm_plan, tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="cannot read a run from int"):
         report(lm_profile, lm_plan, 42)
     with pytest.raises(ConfigError, match="must end in .html"):

@@ -80,6 +80,9 @@ def load_run(run) -> dict | None:
         from ..io import load_json
 
         path = os.fspath(run)
+        if not os.path.exists(path):
+            raise ConfigError(f"run not found: {path!r} is neither a run directory nor a run.json",
+                              hint="pass the --output directory of `python -m parallax_nb run`, or its run.json")
         if os.path.isdir(path):
             path = os.path.join(path, "run.json")
             if not os.path.exists(path):
