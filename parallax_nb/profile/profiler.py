@@ -131,6 +131,7 @@ class _Recording:
     unique_rows: dict = field(default_factory=dict)       # name -> [sorted unique row ids per step]
     index_counts: dict = field(default_factory=dict)      # name -> [gradient index length per step]
     step_times_s: list = field(default_factory=list)
+    steps_cpu_s: float = 0.0                              # process CPU time of the profiled steps
 
 
 def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: int) -> _Recording:
@@ -151,7 +152,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     for step in range(warmup + steps):
         x, y = first if step == 0 else _next_batch(iterator, step, job)
         checks.check_no_negative_ids(x, step)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         try:
             loss, touched = train_step(x, y)
             loss_value = float(loss)
@@ -160,7 +161,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
             raise
         except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
             raise checks.step_error(e, model, x, step) from None
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         for name, (ids, _) in touched.items():
             checks.check_sparse_rows(name, ids, rows_by_name[name], step)
         if step < warmup:
@@ -169,6 +170,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
             raise ProfileError(f"the loss of job {job.name!r} is {loss_value} at step {step}",
                                hint="lower the learning rate or check the loss function and the labels")
         rec.step_times_s.append(elapsed)
+        rec.steps_cpu_s += cpu
         for name, (ids, count) in touched.items():
             rec.unique_rows.setdefault(name, []).append(ids)
             rec.index_counts.setdefault(name, []).append(count)
@@ -209,6 +211,7 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
             profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
     no_gradient = [n for n, kind in rec.kinds.items() if kind == "none"]
     environment = _environment(meter.method, warmup, steps, float(sum(rec.step_times_s)), no_gradient)
+    environment["profiled_steps_cpu_s"] = rec.steps_cpu_s
     environment["statistics_wall_s"] = time.perf_counter() - stats_start
     return Profile(model_name=job.name, batch_size=job.batch_size, steps=steps,
                    step_time_s=float(np.median(rec.step_times_s)), peak_memory_bytes=meter.peak_bytes,
