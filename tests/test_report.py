@@ -129,6 +129,15 @@ def test_totals_per_architecture_are_the_cost_models(lm_profile, lm_plan, lm_rep
     assert lm_report.to_dict()["plan"]["step_time_s"] == cost.estimate(lm_profile, lm_plan).step_time_s
 
 
+def test_an_edited_plan_gets_its_own_totals_row(lm_profile, lm_plan):
+    dense = next(v.name for v in lm_profile.variables if not v.is_sparse)
+    edited = lm_plan.with_methods({dense: "ps"})
+    rows = Tables(report(lm_profile, edited).html()).tables["architectures"]
+    assert rows[1][0] == "this plan (AUTO, edited)"
+    assert rows[1][1] == format_bytes(cost.estimate(lm_profile, edited).bytes_per_machine_per_step)
+    assert len(rows) == 1 + 1 + 6
+
+
 def test_charts_are_embedded_svg_images_and_nothing_is_fetched(lm_report, lm_profile):
     page = lm_report.html()
     sources = re.findall(r'<img src="([^"]+)"', page)

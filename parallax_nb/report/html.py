@@ -178,7 +178,8 @@ def _architectures_table(data: dict) -> str:
                 + _td("n/a" if est["speedup_vs_ar"] is None else f"{est['speedup_vs_ar']:.2f}x", "num") + "</tr>")
 
     same = [a for a in data["architectures"] if a["name"] == plan["architecture"]]
-    plan_is_whole_model = bool(same) and _close(same[0]["bytes_per_machine_per_step"], plan["bytes_per_machine_per_step"])
+    plan_is_whole_model = (bool(same) and not plan.get("overrides")
+                           and all(_close(same[0][k], plan[k]) for k in ("bytes_per_machine_per_step", "step_time_s")))
     if not plan_is_whole_model:
         rows.append(row(f"this plan ({str(plan['architecture']).upper()}, edited)", plan, True))
     for a in data["architectures"]:
