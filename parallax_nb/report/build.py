@@ -33,15 +33,15 @@ _ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4, PLAI
 ARCHITECTURE_LABELS = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO",
                        SPARSE_AS_DENSE: "sparse-as-dense AR", PLAIN_HOROVOD: "plain Horovod (defaults)"}
 
-# What the report itself assumes, on top of the cost model's own assumptions.
+# What the report itself assumes, on top of the cost model's own (cost.ASSUMPTIONS).
 REPORT_ASSUMPTIONS = (
-    "Bytes are sent + received per machine per step, averaged over steps; a machine's "
-    "workers share its link.",
-    "Step time = the profiled single-device compute time per step + the estimated "
-    "communication time.",
-    "Measured against predicted: a run's per-rank bytes (sent + received, mean per step) are "
-    "compared with the model's per-machine figure for a cluster of <ranks> machines x 1 "
-    "worker, with the plan's bandwidth and latency and the run's per-variable methods.",
+    "Every figure of this report is recomputed by the cost model from the profile on the plan's "
+    "cluster (its bandwidth, latency and the plan's local-aggregation switch); the plan "
+    "contributes only its methods and partitions.",
+    "Measured against predicted: a run's per-rank bytes (sent + received, mean per step over "
+    "ranks and measured steps) are compared with the model's per-machine figure for a cluster of "
+    "<ranks> machines x 1 worker, with the plan's bandwidth and latency and the run's per-variable "
+    "methods; the predicted step time uses the profiled compute time at the profiled batch size.",
 )
 
 _RUN_FIELDS = {
