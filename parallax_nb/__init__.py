@@ -41,6 +41,7 @@ _EXPORTS = {
     "run": ("parallax_nb.cluster", "run"),
     "Cluster": ("parallax_nb.cluster", "Cluster"),
     "report": ("parallax_nb.report", "report"),
+    "Report": ("parallax_nb.report", "Report"),
     "workloads": ("parallax_nb.workloads", None),
     "ParallaxError": ("parallax_nb.errors", "ParallaxError"),
     "ConfigError": ("parallax_nb.errors", "ConfigError"),

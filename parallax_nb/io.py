@@ -9,13 +9,24 @@ import tempfile
 from .errors import ParallaxError
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one."""
+def _default_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write_bytes(path: str, data: bytes, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves either the old file or the new one.
+
+    The file gets ``mode`` (default: 0666 less the umask, like ``open``); pass 0o600 for
+    files only the owner may read.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
     try:
+        os.chmod(tmp, _default_mode() if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -29,8 +40,8 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: str, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str, text: str, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 def load_json(path_or_text: str, what: str = "file") -> dict:

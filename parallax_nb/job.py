@@ -7,6 +7,8 @@ engine, so every field must survive cloudpickle (module-level functions and
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,6 +36,28 @@ def _data_arity(fn: Callable) -> int:
         raise JobError(f"data function {getattr(fn, '__name__', fn)!r} takes {len(params)} required "
                        "arguments", hint="write it as data() or data(shard_index, num_shards)")
     return len(params)
+
+
+@contextlib.contextmanager
+def fresh_keras_names():
+    """Build with Keras' auto-name counters reset, then restore them.
+
+    Keras names unnamed layers ``dense``, ``dense_1``, ... from a process-wide counter, so the
+    same builder gives other variable paths in a notebook kernel that has built models
+    before than on a fresh MPI engine. Plans and checkpoints are keyed by variable path, so
+    every build of a Job must name its variables the same in every process.
+    """
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError:  # a Keras without this private module: names stay process-dependent
+        yield
+        return
+    saved = global_state.get_global_attribute("object_name_uids")
+    global_state.set_global_attribute("object_name_uids", collections.defaultdict(int))
+    try:
+        yield
+    finally:
+        global_state.set_global_attribute("object_name_uids", saved)
 
 
 @dataclass(frozen=True)
@@ -76,7 +100,8 @@ class Job:
         """Call the model builder and check it returned a Keras model with trainable variables."""
         import keras
 
-        model = self.model()
+        with fresh_keras_names():
+            model = self.model()
         if not isinstance(model, keras.Model):
             raise JobError(f"Job.model must return a keras.Model, got {type(model).__name__}",
                            hint="wrap your layers in keras.Model(inputs, outputs) or keras.Sequential")

@@ -124,8 +124,10 @@ install_mpi4py() {
 }
 
 install_package() {
-  "$PX_VENV/bin/python" -c "import parallax_nb" 2>/dev/null && \
-    [ "$("$PX_VENV/bin/python" -c 'import parallax_nb, os; print(os.path.dirname(os.path.dirname(parallax_nb.__file__)))')" = "$PX_ROOT" ] && return 0
+  # Checked from / so that the clone's own folder on sys.path cannot fake an install.
+  local installed
+  installed="$(cd / && "$PX_VENV/bin/python" -c 'import os, parallax_nb; print(os.path.dirname(os.path.dirname(parallax_nb.__file__)))' 2>/dev/null || true)"
+  [ "$installed" = "$PX_ROOT" ] && return 0
   say "installing parallax_nb (editable)"
   pip_run install -q --no-deps --no-build-isolation -e "$PX_ROOT"
 }
