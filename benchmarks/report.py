@@ -136,7 +136,7 @@ def targets(settings: list[dict]) -> list[dict]:
 def render_setting(setting: dict) -> str:
     title = (f"{setting['workload'].upper()}, {setting['ranks']} ranks, {setting['network']}"
              f"  (launch wall {setting['wall_s']:.0f} s)")
-    head = (f"  {'configuration':<24} {'steps/s':>8} {'ex/s':>8} | MB/rank/step {'acct':>9} {'kernel':>9} "
+    head = (f"  {'configuration':<34} {'steps/s':>8} {'ex/s':>8} | MB/rank/step {'acct':>9} {'kernel':>9} "
             f"{'pred':>9} {'acct/pred':>9} {'kern/pred':>9} | {'sparse':>6}")
     if setting["bandwidth"]:
         head += f" | {'MB/link/step':>12}"
@@ -144,16 +144,24 @@ def render_setting(setting: dict) -> str:
     rows = setting_rows(setting)
     for r in rows:
         label = NAMES.get(r["config"], r["config"])
+        twin = setting["configs"][r["config"]].get("same_as")
+        if twin:
+            label = f"{label} (= {twin})"
         if "error" in r:
-            lines.append(f"  {label:<24} FAILED: {r['error']}")
+            lines.append(f"  {label:<34} FAILED: {r['error']}")
             continue
-        line = (f"  {label:<24} {r['steps_per_s']:8.2f} {r['examples_per_s']:8.1f} |              "
+        line = (f"  {label:<34} {r['steps_per_s']:8.2f} {r['examples_per_s']:8.1f} |              "
                 f"{_mb(r['accounted'])} {_mb(r['kernel'])} {_mb(r['predicted'])} "
                 f"{_ratio(r['accounted'], r['predicted']):9.3f} {_ratio(r['kernel'], r['predicted']):9.3f} | "
                 f"{100 * _ratio(r['sparse'], r['accounted']):5.1f}%")
         if setting["bandwidth"]:
             line += f" | {_mb(r['link']):>12}"
         lines.append(line)
+    for name, config in setting["configs"].items():
+        sched = config.get("schedule")
+        if sched and not config.get("same_as"):
+            lines.append(f"  {NAMES.get(name, name)}: {sched['warmup_steps']} warm-up step(s), "
+                         f"{sched['repeats']} windows x {sched['steps_per_repeat']} steps") if name == "horovod_sad" else None
     hy = _row(setting, "hybrid")
     if hy:
         parts = []

@@ -113,15 +113,15 @@ def main(spec_path: str, results_path: str) -> int:
     hvd = horovod()
     rank, ranks = hvd.rank(), hvd.size()
     job = make_job(spec)
-    warmup, repeats, per = spec["warmup_steps"], spec["repeats"], spec["steps_per_repeat"]
-    steps = warmup + repeats * per
-    boundaries = [warmup + w * per for w in range(repeats + 1)]
     results = {}
     if rank == 0 and os.path.exists(results_path):
         with open(results_path) as f:
             results = json.load(f)
     for config in spec["configs"]:
-        probe = WindowProbe(boundaries)
+        schedule = {**spec, **config.get("schedule", {})}  # a slow configuration may take fewer steps
+        warmup, repeats, per = schedule["warmup_steps"], schedule["repeats"], schedule["steps_per_repeat"]
+        steps = warmup + repeats * per
+        probe = WindowProbe([warmup + w * per for w in range(repeats + 1)])
         start = time.perf_counter()
         methods = run_config(job, config, spec, probe, steps)
         wall = time.perf_counter() - start
@@ -129,8 +129,9 @@ def main(spec_path: str, results_path: str) -> int:
                 "readings": {str(k): v for k, v in probe.readings.items()}}
         everyone = hvd.allgather_object(mine)
         if rank == 0:
-            summary = summarise(everyone, spec, ranks)
+            summary = summarise(everyone, schedule, ranks)
             summary.update(config=config["name"], methods=methods, wall_s=wall, ranks=ranks,
+                           schedule={"warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": per},
                            machines=len({p["netns"] for p in everyone}))
             results[config["name"]] = summary
             tmp = results_path + ".tmp"
