@@ -1,6 +1,7 @@
 """What profiling costs: ``profile_job`` versus the same k plain training steps (target: at most +50%).
 
-For each repeat, side by side in one process (TensorFlow warm for both), on a fresh model:
+For each repeat, side by side in one process (TensorFlow warm for both; which goes first
+alternates between repeats), on a fresh model:
 
 - plain:    build model + optimizer + dataset, trace the same GradientTape step, ``warmup``
             steps, then k steps, each timed until its loss is on the host;
@@ -23,6 +24,7 @@ Ratios, each the median over the repeats:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -107,8 +109,15 @@ def main(argv=None) -> int:
     plain_run(job, 2, 1)  # warm TensorFlow itself (first-op initialisation) before timing anything
     rows = []
     for r in range(args.repeats):
+        # alternate which goes first, and collect the previous repeat's models before each run
+        if r % 2:
+            gc.collect()
+            prof_total, prof_steps, prof_cpu, prof_median, stats_s = profiled_run(job, args.steps, args.warmup)
+        gc.collect()
         plain_total, plain_steps, plain_cpu, plain_median = plain_run(job, args.steps, args.warmup)
-        prof_total, prof_steps, prof_cpu, prof_median, stats_s = profiled_run(job, args.steps, args.warmup)
+        if not r % 2:
+            gc.collect()
+            prof_total, prof_steps, prof_cpu, prof_median, stats_s = profiled_run(job, args.steps, args.warmup)
         rows.append(dict(plain_total_s=plain_total, plain_steps_s=plain_steps, plain_steps_cpu_s=plain_cpu,
                          plain_step_median_s=plain_median, profiled_total_s=prof_total, profiled_steps_s=prof_steps,
                          profiled_steps_cpu_s=prof_cpu, profiled_step_median_s=prof_median, statistics_s=stats_s))
