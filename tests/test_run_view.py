@@ -43,27 +43,27 @@ def test_progress_status_and_charts_follow_records(planned_run):
     assert view.progress.value == 0 and view.progress.max == 10
     assert "starting" in view.status_text()
     run.set_status("running")
-    run.add_records([_record(0, 5.0), _record(1, 4.5), _record(2, 4.0)])
+    run.add_records([_record(1, 5.0), _record(2, 4.5), _record(3, 4.0)])
     assert view.progress.value == 3
     data = view.chart_data()
-    assert data["step"] == [0, 1, 2]
+    assert data["step"] == [1, 2, 3]
     assert data["loss"] == [5.0, 4.5, 4.0]
-    assert data["examples_per_s"] == [100.0, 101.0, 102.0]
+    assert data["examples_per_s"] == [101.0, 102.0, 103.0]
     assert data["bytes_per_step"] == [4000.0, 4000.0, 4000.0]   # sent + received
     assert view.charts.value[:4] == b"\x89PNG"
     assert "loss 4.0000" in view.status_text() and "3/10 steps" in view.status_text()
     # records of another rank and duplicates do not change rank 0's history
-    run.add_records([_record(3, 1.0)], rank=1)
-    run.add_records([_record(2, 4.0)])
-    assert view.chart_data()["step"] == [0, 1, 2]
+    run.add_records([_record(4, 1.0)], rank=1)
+    run.add_records([_record(3, 4.0)])
+    assert view.chart_data()["step"] == [1, 2, 3]
     history = run.history
-    assert list(history["step"]) == [0, 1, 2] and history["bytes_per_step"].iloc[-1] == 4000.0
+    assert list(history["step"]) == [1, 2, 3] and history["bytes_per_step"].iloc[-1] == 4000.0
 
 
 def test_bytes_table_predicted_vs_measured(planned_run):
     run, plan = planned_run
     view = RunView(run, redraw_s=0.0)
-    run.add_records([_record(0, 5.0, sent=3000.0), _record(1, 4.0, sent=5000.0)])
+    run.add_records([_record(1, 5.0, sent=3000.0), _record(2, 4.0, sent=5000.0)])
     rows = {r["name"]: r for r in view.bytes_rows()}
     assert set(rows) == {"embedding/embeddings", "dense/kernel"}
     assert rows["embedding/embeddings"]["method"] == "ps" and rows["dense/kernel"]["method"] == "ar"
@@ -104,7 +104,7 @@ def test_stop_button_calls_run_stop():
     view.stop_button.click()
     assert controller.stops == 1
     assert view.stop_button.disabled
-    run.finish(history=[_record(s, 1.0) for s in range(7)], stopped=True)
+    run.finish(history=[_record(s, 1.0) for s in range(1, 8)], stopped=True)
     assert run.status == "stopped" and view.progress.value == 7 and view.progress.bar_style == "warning"
     assert "stopped after 7 of 100 steps" in view.status_text()
 
@@ -113,7 +113,7 @@ def test_finished_and_failed_runs():
     run = Run(steps=3, engines=2)
     view = RunView(run, redraw_s=60.0)    # only the final redraw may draw the last steps
     run.set_status("running")
-    run.finish(summary={"schema": "parallax_nb.run", "steps": 3}, history=[_record(s, 2.0 - s) for s in range(3)])
+    run.finish(summary={"schema": "parallax_nb.run", "steps": 3}, history=[_record(s, 3.0 - s) for s in range(1, 4)])
     assert run.done and view.progress.value == 3 and view.progress.bar_style == "success"
     assert view.chart_data()["loss"] == [2.0, 1.0, 0.0] and view.stop_button.disabled
     assert run.summary()["steps"] == 3
@@ -128,3 +128,60 @@ def test_finished_and_failed_runs():
     assert "&lt;b&gt;" in view.error.value        # remote text is escaped
     with pytest.raises(DistributedError):
         failing.wait(timeout=1)
+
+
+def test_stop_button_works_while_a_kernel_cell_waits():
+    """In a real Jupyter kernel, a click on Stop reaches run.stop() while the cell blocks in
+    run.wait(); a cell queued meanwhile runs after it."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    import queue
+    import time
+
+    code = (
+        "import threading\n"
+        "from IPython.display import display\n"
+        "from parallax_nb.cluster.run import Run\n"
+        "from parallax_nb.widgets.run_view import RunView\n"
+        "class Controller:\n"
+        "    def __init__(self, run): self.run = run\n"
+        "    def request_stop(self):\n"
+        "        threading.Timer(0.2, lambda: self.run.finish(history=[{'step': 1, 'loss': 1.0}], stopped=True)).start()\n"
+        "run = Run(steps=100, engines=2); run._controller = Controller(run)\n"
+        "view = RunView(run); display(view)\n"
+        "print('BUTTON', view.stop_button.model_id, flush=True)\n"
+        "run.wait(timeout=60)\n"
+        "print('STATUS', run.status, flush=True)\n"
+    )
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        kc.execute(code)
+        outputs, button, deadline = [], None, time.monotonic() + 120
+        while time.monotonic() < deadline and "STATUS" not in "".join(outputs):
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["msg_type"] == "stream":
+                outputs.append(msg["content"]["text"])
+            if msg["msg_type"] == "error":
+                pytest.fail("\n".join(msg["content"]["traceback"]))
+            if button is None and "BUTTON" in "".join(outputs):
+                button = "".join(outputs).split("BUTTON", 1)[1].split()[0]
+                click = kc.session.msg("comm_msg", {"comm_id": button,
+                                                    "data": {"method": "custom", "content": {"event": "click"}}})
+                kc.shell_channel.send(click)
+                kc.execute("print('AFTER', flush=True)")
+        text = "".join(outputs)
+        assert "STATUS stopped" in text, text
+        while "AFTER" not in "".join(outputs) and time.monotonic() < deadline:
+            try:
+                msg = kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["msg_type"] == "stream":
+                outputs.append(msg["content"]["text"])
+        text = "".join(outputs)
+        assert text.index("STATUS stopped") < text.index("AFTER")
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -26,6 +26,10 @@ file in it readable by the owner only (0600). Without a named profile, each Clus
 fresh private profile folder (0700, from ``tempfile.mkdtemp``) removed by :meth:`stop`.
 Messages between notebook, controller and engines are signed with the cluster's session
 key (HMAC), so pickled data is only accepted from this session's own cluster.
+
+No orphans: ipyparallel stops everything at a normal exit; a small reaper process
+(``reaper.py``) also kills the controller, ``mpiexec`` and engines if the notebook process is
+killed without stopping the cluster.
 """
 from __future__ import annotations
 
@@ -107,6 +111,38 @@ def _mpi_flavour() -> str:
     return "openmpi" if "Open MPI" in out or "OpenRTE" in out else ("mpich" if "HYDRA" in out else "")
 
 
+def _descendants(pids: list[int]) -> list:
+    """psutil Processes of ``pids`` and all their descendants (collected before stopping)."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs.extend([p, *p.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def _terminate(procs: list, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for ``procs`` to exit, then SIGTERM, then SIGKILL what is left."""
+    import psutil
+
+    if not procs:
+        return
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for sig in ("terminate", "kill"):
+        for p in alive:
+            try:
+                getattr(p, sig)()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=3)
+        if not alive:
+            return
+
+
 def make_private(profile_dir: str) -> list[str]:
     """chmod the profile's security folder 0700 and its files 0600; return the files."""
     security = os.path.join(profile_dir, "security")
@@ -158,15 +194,49 @@ class Cluster:
         self._client = None
         self._private_dir: str | None = None
         self._engines: tuple[EngineInfo, ...] = ()
+        self._reaper: subprocess.Popen | None = None
         self.start_time_s: float | None = None
 
     # ----- life cycle --------------------------------------------------------------------------
     def _profile_kwargs(self) -> dict:
+        if self._private_dir is None or not os.path.isdir(self._private_dir):
+            self._private_dir = tempfile.mkdtemp(prefix="parallax_nb-cluster-")  # mode 0700
         if self.profile:
             return dict(profile=self.profile)
-        if self._private_dir is None or not os.path.isdir(self._private_dir):
-            self._private_dir = tempfile.mkdtemp(prefix="parallax_nb-profile-")  # mode 0700
         return dict(profile_dir=self._private_dir)
+
+    @property
+    def _pidfile(self) -> str | None:
+        return os.path.join(self._private_dir, "reaper-pids.json") if self._private_dir else None
+
+    def _process_ids(self) -> list[int]:
+        return [p for p in [self.controller_pid(), *self.mpiexec_pids(), *(e.pid for e in self._engines)] if p]
+
+    def _arm_reaper(self) -> None:
+        """Record this cluster's pids and make sure a reaper watches this process (see reaper.py)."""
+        import json
+
+        from ..io import atomic_write_text
+
+        atomic_write_text(self._pidfile, json.dumps(self._process_ids()))
+        if self._reaper is None or self._reaper.poll() is not None:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+                p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p))
+            self._reaper = subprocess.Popen(
+                [sys.executable, "-m", "parallax_nb.cluster.reaper", str(os.getpid()), self._pidfile,
+                 self._private_dir], env=env, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _disarm_reaper(self) -> None:
+        if self._pidfile and os.path.exists(self._pidfile):
+            os.remove(self._pidfile)
+        if self._reaper is not None:
+            try:
+                self._reaper.wait(timeout=3 * 1.0 + 2)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
 
     def _engine_mpi_args(self) -> list[str]:
         flavour = _mpi_flavour()
@@ -231,6 +301,7 @@ class Cluster:
                                       "mpiexec -n 2 python -c 'from mpi4py import MPI'"
                                       + (f"\nengine output:\n{output}" if output else "")) from None
         make_private(self._ipp.profile_dir)
+        self._arm_reaper()
         self.start_time_s = time.monotonic() - t0
         return self
 
@@ -269,6 +340,7 @@ class Cluster:
         self._ipp.start_engines_sync(self.n)
         self._wait_for_engines(old_ids)
         make_private(self._ipp.profile_dir)
+        self._arm_reaper()
 
     def restart_engines(self) -> "Cluster":
         """Kill every engine (also ranks stuck in a collective) and start new ones; ~5-10 s."""
@@ -278,7 +350,12 @@ class Cluster:
         return self
 
     def stop(self) -> None:
-        """Stop engines, mpiexec and controller; remove the private profile folder."""
+        """Stop engines, mpiexec and controller; remove the private profile folder.
+
+        Whatever is still running 5 s after ipyparallel's own shutdown (an engine stuck in a
+        collective, a nanny) is killed, so no process outlives the cluster.
+        """
+        leftovers = _descendants(self._process_ids()) if self._ipp is not None else []
         if self._client is not None:
             try:
                 self._client.close()
@@ -291,7 +368,9 @@ class Cluster:
             except Exception:
                 pass
             self._ipp = None
+        _terminate(leftovers, grace_s=5.0)
         self._engines = ()
+        self._disarm_reaper()
         if self._private_dir is not None:
             shutil.rmtree(self._private_dir, ignore_errors=True)
             self._private_dir = None

@@ -24,6 +24,7 @@ error, with that rank's remote traceback.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 import traceback
@@ -59,11 +60,13 @@ class RunController:
         self.cluster = cluster
         self.async_results = async_results     # one per rank, rank order
         self.engine_ids = engine_ids
+        self.hosts = [cluster.host_of(eid) for eid in engine_ids]   # before any restart renumbers them
         self.poll_s = poll_s
         self.stop_grace_s = stop_grace_s
         self.failure_grace_s = failure_grace_s
         self._seen_keys: list[set] = [set() for _ in async_results]
         self._first_error: tuple[float, int, BaseException] | None = None
+        self._mpi_output = ""      # mpiexec's output, read before engines are restarted
         self._abort_reason: str | None = None
         self._stop_event = threading.Event()
         self.stop_latency_s: float | None = None
@@ -113,8 +116,7 @@ class RunController:
                     return
 
     def _error_for(self, rank: int, exc: BaseException, others_restarted: bool) -> DistributedError:
-        engine_id = self.engine_ids[rank]
-        host = self.cluster.host_of(engine_id)
+        engine_id, host = self.engine_ids[rank], self.hosts[rank]
         ename = getattr(exc, "ename", type(exc).__name__)
         evalue = getattr(exc, "evalue", str(exc))
         remote_tb = "\n".join(getattr(exc, "traceback", None) or []) if isinstance(
@@ -122,6 +124,16 @@ class RunController:
         if not remote_tb and not hasattr(exc, "ename"):
             remote_tb = "".join(traceback.format_exception(exc))
         message = f"rank {rank} (engine {engine_id} on host {host}) failed: {ename}: {evalue}"
+        if ename == "EngineError":
+            culprit = _mpi_exit_culprit(self._mpi_output or self.cluster._engine_output())
+            if culprit is not None:
+                rank, how = culprit
+                engine_id, host = self.engine_ids[rank], self.hosts[rank]
+                message = (f"rank {rank} (engine {engine_id} on host {host}) died while training ({how}); "
+                           "mpiexec then ended the other ranks")
+            else:
+                message = (f"rank {rank} (engine {engine_id} on host {host}) died while training: its process "
+                           "ended (killed, out of memory, or crashed)")
         hint = ("the other ranks were stopped and the engines restarted; the cluster is ready for the next run"
                 if others_restarted else "fix the cause above and run again")
         err = DistributedError(message, hint=hint)
@@ -130,6 +142,7 @@ class RunController:
         return err
 
     def _restart_engines(self) -> None:
+        self._mpi_output = self._mpi_output or self.cluster._engine_output()
         try:
             self.cluster.restart_engines()
             self.restarted_engines = True
@@ -185,14 +198,33 @@ class RunController:
                 self.run.fail(err)
 
 
+_MPI_EXIT = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+def _mpi_exit_culprit(output: str) -> tuple[int, str] | None:
+    """(rank, "killed by signal N (NAME)") from Open MPI's report of the rank that died first."""
+    m = _MPI_EXIT.search(output or "")
+    if not m:
+        return None
+    import signal
+
+    number = int(m.group(3))
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "?"
+    return int(m.group(1)), f"killed by signal {number} ({name})"
+
+
 def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster | None = None,
         checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
         step_timeout_s: float | None = None, wait: bool = True, display: bool = True,
-        train_fn: Callable | None = None, stop_grace_s: float = STOP_GRACE_S,
+        profile=None, train_fn: Callable | None = None, stop_grace_s: float = STOP_GRACE_S,
         failure_grace_s: float = FAILURE_GRACE_S) -> Run:
     """Train ``job`` with ``plan`` on ``engines`` MPI engines for ``steps`` steps.
 
-    The job travels by cloudpickle, the plan as its dict; every engine calls
+    ``plan`` None means HYBRID (PS for sparse variables, AR for dense) from the variable
+    kinds of one single-device step. The job travels by cloudpickle, the plan as its dict; every engine calls
     ``parallax_nb.runtime.train(job, plan, steps, on_step=..., should_stop=..., ...)``
     (or ``train_fn``, a function with the same signature). Progress streams back while it
     trains; the returned :class:`Run` is live.
@@ -204,6 +236,11 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
     step_timeout_s:   a step that takes longer fails the run (a rank hung in a collective).
     wait:             block until the run is finished (Ctrl-C stops it; a failure raises).
     display:          show the live :class:`~parallax_nb.widgets.run_view.RunView` (in IPython).
+    profile:          the job's Profile, if known: the view then shows the bytes per step the
+                      cost model predicts for this run's engines next to the measured ones.
+    train_fn:         advanced: a function with ``runtime.train``'s signature to run instead.
+    stop_grace_s / failure_grace_s: how long engines get to stop by themselves (after
+                      ``stop()``, or after one rank failed) before they are killed and restarted.
     """
     global _last_run
     from ..job import Job
@@ -218,6 +255,8 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
         raise ConfigError(f"step_timeout_s must be a positive number of seconds, got {step_timeout_s!r}")
     if resume and not checkpoint_dir:
         raise ConfigError("resume=True needs checkpoint_dir: the folder the earlier run saved checkpoints in")
+    if plan is None and train_fn is None:
+        plan = default_plan(job)
     plan_dict = None
     if plan is not None:
         if hasattr(plan, "to_dict"):
@@ -237,7 +276,7 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
     options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                    step_timeout_s=step_timeout_s)
     architecture = (plan_dict or {}).get("architecture") if isinstance(plan_dict, dict) else None
-    the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture)
+    the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture, profile=profile)
     engine_ids = cluster.engine_ids
     job_bytes = job.to_bytes()
     client = cluster.client
@@ -257,12 +296,36 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
     return the_run
 
 
+def variable_kinds(job) -> dict:
+    """Variable path -> "sparse" | "dense", from one single-device step of ``job`` (sparse iff
+    its gradient is a ``tf.IndexedSlices``, the profiler's definition)."""
+    import tensorflow as tf
+
+    model = job.build_model()
+    x, y = next(iter(job.dataset(0, 1)))
+    with tf.GradientTape() as tape:
+        loss = job.loss_value(model, x, y)
+    grads = tape.gradient(loss, model.trainable_variables)
+    return {v.path: ("sparse" if isinstance(g, tf.IndexedSlices) else "dense")
+            for v, g in zip(model.trainable_variables, grads)}
+
+
+def default_plan(job, architecture: str = "hybrid"):
+    """A plan without a profile: ``architecture`` applied to the job's variable kinds."""
+    from ..plan import plan_for_kinds
+
+    return plan_for_kinds(variable_kinds(job), architecture, model_name=job.name)
+
+
 def _pickle_function(fn: Callable) -> bytes:
     """cloudpickle ``fn`` by value unless it lives in parallax_nb (engines import that)."""
     import importlib
     import cloudpickle
 
-    module_name = getattr(fn, "__module__", None) or "__main__"
+    inner = fn
+    while hasattr(inner, "func"):          # functools.partial
+        inner = inner.func
+    module_name = getattr(inner, "__module__", None) or "__main__"
     if module_name == "__main__" or module_name.split(".")[0] == "parallax_nb":
         return cloudpickle.dumps(fn)
     module = importlib.import_module(module_name)

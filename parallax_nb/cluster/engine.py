@@ -11,8 +11,10 @@ a small dict to the notebook:
 - ``should_stop()`` turns a stop request into the same decision on every rank. The notebook
   asks for a stop by sending ``SIGUSR1`` to each engine through ipyparallel's nanny (the
   control channel, which works while the engine is busy); the handler only sets a flag.
-  Ranks may see the signal at different steps, so each call does an MPI ``allreduce(MAX)`` of
-  the flags: all ranks leave the loop after the same step and none is left in a collective.
+  Ranks may see the signal at different steps, so the flags are combined with an
+  ``allreduce(MAX)`` every step (``runtime.train`` does this itself; for another training
+  function, :class:`StopFlag` does it over MPI): all ranks leave the loop after the same step
+  and none is left waiting in a collective.
 
 Kept free of widgets and of the notebook side so that it imports fast on engines.
 """
@@ -138,7 +140,7 @@ def train_on_engine(job_bytes: bytes, plan_dict: dict | None, steps: int, option
     job = Job.from_bytes(job_bytes)
     plan = _load_plan(plan_dict)
     if train_fn_bytes is None:
-        from ..runtime import train as train_fn
+        from ..runtime.trainer import train as train_fn
     else:
         import cloudpickle
 
@@ -151,7 +153,8 @@ def train_on_engine(job_bytes: bytes, plan_dict: dict | None, steps: int, option
         pass
 
     publisher = ProgressPublisher(rank) if options.get("publish", True) else (lambda record: None)
-    stop = StopFlag(comm).install()
+    # runtime.train agrees on should_stop across ranks itself; another train_fn gets an agreeing flag
+    stop = StopFlag(comm if train_fn_bytes is not None else None).install()
     kwargs = dict(on_step=publisher, should_stop=stop, checkpoint_dir=options.get("checkpoint_dir"),
                   resume=bool(options.get("resume", False)), step_timeout_s=options.get("step_timeout_s"))
     if options.get("checkpoint_every"):
@@ -163,7 +166,7 @@ def train_on_engine(job_bytes: bytes, plan_dict: dict | None, steps: int, option
 
     history = list(getattr(result, "history", []) or [])
     out = dict(rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
-               steps_done=(int(getattr(history[-1], "step", -1)) + 1) if history else 0,
+               steps_done=int(getattr(result, "steps_done", getattr(history[-1], "step", 0) if history else 0)),
                stopped=bool(stop.agreed or getattr(result, "stopped_early", False)))
     if rank == 0:
         from .run import record_to_dict

@@ -23,7 +23,8 @@ from ..errors import DistributedError
 STARTING, RUNNING, STOPPING, DONE, STOPPED, FAILED = "starting", "running", "stopping", "done", "stopped", "failed"
 FINISHED = (DONE, STOPPED, FAILED)
 
-#: Columns of :attr:`Run.history`, one row per step of rank 0 (units in the names).
+#: Columns of :attr:`Run.history`, one row per step of rank 0 (units in the names); ``step``
+#: is the number of steps done after that step (1, 2, ...).
 HISTORY_COLUMNS = ("step", "loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received",
                    "bytes_per_step")
 
@@ -163,9 +164,10 @@ class Run:
 
     @property
     def steps_done(self) -> int:
-        """Steps rank 0 has completed (its last reported step + 1)."""
+        """Steps rank 0 has completed: its last record's ``step`` (records count steps from 1,
+        and a resumed run continues the numbering of its checkpoint)."""
         with self._lock:
-            return (self._records[-1]["step"] + 1) if self._records else 0
+            return self._records[-1]["step"] if self._records else 0
 
     @property
     def progress(self) -> float:
@@ -285,10 +287,11 @@ class Run:
         """Block until the run is finished (or ``timeout`` seconds pass); return self.
 
         Ctrl-C (KeyboardInterrupt) while waiting stops the run instead of leaving engines
-        busy; a second Ctrl-C aborts them. A failed run raises its :class:`DistributedError`.
+        busy; a second Ctrl-C aborts them. In a Jupyter kernel, widget clicks (the view's
+        Stop button) are handled while waiting. A failed run raises its :class:`DistributedError`.
         """
         try:
-            self._finished.wait(timeout)
+            self._wait_handling_widgets(timeout)
         except KeyboardInterrupt:
             print("parallax_nb: interrupted, stopping the engines ...", flush=True)
             try:
@@ -300,6 +303,27 @@ class Run:
         if raise_on_error and self.error is not None:
             raise self.error
         return self
+
+    def _wait_handling_widgets(self, timeout: float | None) -> None:
+        """Wait for the end; inside a Jupyter kernel, handle widget clicks (Stop) meanwhile."""
+        from .kernel_events import current_kernel, handle_widget_messages
+
+        kernel = current_kernel()
+        if kernel is None:
+            self._finished.wait(timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._finished.is_set():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            self._finished.wait(0.2 if left is None else min(0.2, left))
+            try:
+                handle_widget_messages(kernel)
+            except Exception:   # never let the event pump break waiting
+                kernel = None
+                self._finished.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                return
 
     def __repr__(self) -> str:
         return (f"<Run {self.status}: {self.steps_done}/{self.steps} steps on {self.engines} engines, "

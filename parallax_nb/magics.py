@@ -1,0 +1,329 @@
+"""``%parallax``: the whole journey as IPython line magics (``%load_ext parallax_nb``).
+
+::
+
+    %parallax profile job --steps 20                 # -> profile
+    %parallax plan --machines 8 --workers-per-machine 6 --bandwidth 100Gbit/s   # -> planner, plan
+    %parallax run job --engines 2 --steps 100        # -> run (live view; Ctrl-C stops it)
+    %parallax report cost_report.html                # the last profile, plan and run
+    %parallax cluster start --engines 2 | stop | status
+
+Names (``job``, ``profile``, ``planner.plan``) resolve in the notebook's namespace; a job
+may also be a ``module:name`` spec. Results are stored in the namespace (``-o NAME`` picks
+the name) and the last profile, plan and run are remembered, so later subcommands need no
+arguments. Bad arguments and missing names are reported in one line (a ``UsageError``),
+never as a traceback.
+"""
+from __future__ import annotations
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .errors import ParallaxError
+
+SUBCOMMANDS = ("profile", "plan", "run", "report", "cluster", "help")
+
+
+def _output_option(default: str):
+    return argument("-o", "--output", metavar="NAME", default=default,
+                    help=f"store the result in this notebook variable (default: {default})")
+
+
+@magic_arguments("%parallax profile")
+@argument("job", metavar="JOB", help="a parallax_nb.Job in the notebook (or module:name)")
+@argument("--steps", type=int, default=20, help="single-device steps to measure (default: 20)")
+@_output_option("profile")
+def _profile_args(line):
+    """Profile JOB on one device: per-variable kind, size, alpha (rows touched per step)."""
+
+
+@magic_arguments("%parallax plan")
+@argument("profile", metavar="PROFILE", nargs="?", default=None,
+          help="a Profile in the notebook (default: the last one profiled)")
+@argument("--machines", type=int, default=None, help="machines in the target cluster (default: 1)")
+@argument("--workers-per-machine", "--gpus", dest="workers_per_machine", type=int, default=None,
+          help="workers (GPUs) per machine (default: 1)")
+@argument("--bandwidth", default=None, help="network bandwidth per machine, e.g. 10Gbit/s or 1.25GB/s")
+@argument("--arch", default="auto", help="ar | ps | hybrid | auto (default: auto, per variable)")
+@_output_option("planner")
+def _plan_args(line):
+    """Plan PROFILE for a cluster; stores the Planner (-o) and its Plan as `plan`."""
+
+
+@magic_arguments("%parallax run")
+@argument("job", metavar="JOB", help="a parallax_nb.Job in the notebook (or module:name)")
+@argument("--plan", default=None, help="a Plan or Planner in the notebook, or a plan .json file "
+                                        "(default: planned from the last profile with --arch)")
+@argument("--arch", default=None, help="ar | ps | hybrid | auto: plan the job this way (default: hybrid)")
+@argument("--engines", type=int, default=2, help="MPI engines (ranks) to train on (default: 2)")
+@argument("--steps", type=int, default=100, help="training steps (default: 100)")
+@argument("--resume", action="store_true", help="continue from the last checkpoint in --checkpoint-dir")
+@argument("--checkpoint-dir", default=None, help="folder for checkpoints")
+@argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every K steps (0: at the end only)")
+@argument("--step-timeout", type=float, default=None, help="fail the run when one step takes longer (seconds)")
+@_output_option("run")
+def _run_args(line):
+    """Train JOB on MPI engines with a live view (Ctrl-C or the Stop button stops every engine)."""
+
+
+@magic_arguments("%parallax report")
+@argument("path", metavar="PATH", help="where to write the HTML report (a .csv and .json are written beside it)")
+@argument("--profile", default=None, help="a Profile in the notebook (default: the last one)")
+@argument("--plan", default=None, help="a Plan or Planner in the notebook (default: the last one)")
+@argument("--run", default=None, help="a Run in the notebook (default: the last finished one; 'none' for none)")
+@argument("--title", default=None, help="title at the top of the report")
+def _report_args(line):
+    """Write the cost report of a plan (and of a run, measured against it)."""
+
+
+@magic_arguments("%parallax cluster")
+@argument("action", metavar="ACTION", choices=["start", "stop", "status"], help="start | stop | status")
+@argument("--engines", type=int, default=None, help="engines (MPI ranks) to start (default: 2)")
+def _cluster_args(line):
+    """Start, stop or show the notebook's shared cluster of MPI engines."""
+
+
+_PARSERS = {"profile": _profile_args, "plan": _plan_args, "run": _run_args, "report": _report_args,
+            "cluster": _cluster_args}
+
+
+def _help_text() -> str:
+    parts = [__doc__.strip(), ""]
+    for fn in _PARSERS.values():
+        parts.append(fn.parser.format_help().strip())
+        parts.append("")
+    return "\n".join(parts)
+
+
+def _positive(name: str, value, minimum: int = 1):
+    if value is not None and value < minimum:
+        raise UsageError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@magics_class
+class ParallaxMagics(Magics):
+    """The ``%parallax`` line magic; state: the last profile, plan and run."""
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        self.last: dict = {"profile": None, "plan": None, "run": None}
+
+    # ----- helpers -----------------------------------------------------------------------------
+    def resolve(self, expression: str, what: str):
+        """Look up ``name`` or ``name.attr...`` in the notebook namespace; UsageError if missing."""
+        ns = self.shell.user_ns
+        head, *attrs = expression.split(".")
+        if not head.isidentifier() or not all(a.isidentifier() for a in attrs):
+            raise UsageError(f"{what} {expression!r} is not a variable name")
+        if head not in ns:
+            raise UsageError(f"{what} {head!r} is not defined in the notebook namespace; "
+                             f"define it first or check the spelling")
+        value = ns[head]
+        for attr in attrs:
+            if not hasattr(value, attr):
+                raise UsageError(f"{what} {expression!r}: {type(value).__name__} has no attribute {attr!r}")
+            value = getattr(value, attr)
+        return value
+
+    def store(self, name: str, value) -> None:
+        if not name.isidentifier():
+            raise UsageError(f"-o needs a variable name, got {name!r}")
+        self.shell.user_ns[name] = value
+
+    def job(self, expression: str):
+        from .job import Job, load_job
+
+        if ":" in expression:
+            return load_job(expression)
+        value = self.resolve(expression, "job")
+        if not isinstance(value, Job):
+            raise UsageError(f"job {expression!r} is a {type(value).__name__}, not a parallax_nb.Job")
+        return value
+
+    @staticmethod
+    def _as_plan(value, expression: str):
+        from .plan import Plan
+
+        value = getattr(value, "plan", value) if not isinstance(value, Plan) else value
+        if not isinstance(value, Plan):
+            raise UsageError(f"plan {expression!r} is a {type(value).__name__}, not a Plan or Planner")
+        return value
+
+    def plan_from(self, expression: str):
+        import os
+
+        from .plan import Plan
+
+        if expression.endswith(".json") and os.path.exists(expression) and expression not in self.shell.user_ns:
+            return Plan.from_json(expression)
+        return self._as_plan(self.resolve(expression, "plan"), expression)
+
+    def _display(self, obj) -> None:
+        from IPython.display import display
+
+        display(obj)
+
+    # ----- the magic ---------------------------------------------------------------------------
+    @line_magic
+    def parallax(self, line: str = ""):
+        """(replaced by the help of every subcommand below)"""
+        words = line.strip().split(None, 1)
+        if not words or words[0] in ("help", "-h", "--help"):
+            print(_help_text())
+            return None
+        command, rest = words[0], (words[1] if len(words) > 1 else "")
+        if command not in _PARSERS:
+            raise UsageError(f"unknown %parallax subcommand {command!r}; choose one of: {', '.join(SUBCOMMANDS)}")
+        if rest.strip() in ("-h", "--help"):
+            print(_PARSERS[command].parser.format_help())
+            return None
+        args = parse_argstring(_PARSERS[command], rest)
+        try:
+            getattr(self, f"_do_{command}")(args)
+        except ParallaxError as e:
+            raise UsageError(str(e).replace("\n  -> ", " -> ")) from None
+        return None
+
+    parallax.__doc__ = _help_text()
+
+    def _do_profile(self, args) -> None:
+        from .profile import profile_job
+
+        _positive("--steps", args.steps)
+        job = self.job(args.job)
+        prof = profile_job(job, steps=args.steps)
+        self.store(args.output, prof)
+        self.last["profile"] = prof
+        try:
+            from .widgets import ProfileView
+
+            self._display(ProfileView(prof))
+        except ImportError:
+            self._display(prof)
+
+    def _do_plan(self, args) -> None:
+        from .widgets import plan as make_planner
+
+        if args.profile is None:
+            prof = self.last["profile"]
+            if prof is None:
+                raise UsageError("no profile yet: run `%parallax profile JOB` first or name one: %parallax plan PROFILE")
+        else:
+            prof = self.resolve(args.profile, "profile")
+        from .types import Profile
+
+        if not isinstance(prof, Profile):
+            raise UsageError(f"profile {args.profile!r} is a {type(prof).__name__}, not a parallax_nb Profile")
+        _positive("--machines", args.machines)
+        _positive("--workers-per-machine", args.workers_per_machine)
+        options = {k: v for k, v in dict(machines=args.machines, workers_per_machine=args.workers_per_machine,
+                                         bandwidth=args.bandwidth).items() if v is not None}
+        if args.bandwidth is not None:
+            from .types import parse_bandwidth
+
+            parse_bandwidth(args.bandwidth)   # a clear one-line error before the planner starts
+        planner = make_planner(prof, architecture=args.arch, **options)
+        self.store(args.output, planner)
+        if args.output != "plan":
+            self.store("plan", planner.plan)
+        self.last["profile"], self.last["plan"] = prof, planner
+        self._display(planner)
+
+    def _run_plan(self, args, job):
+        """The plan to run: --plan, else planned for the run's engines from the last profile."""
+        from .plan import make_plan
+        from .types import Architecture, ClusterSpec
+
+        if args.plan is not None:
+            plan = self.plan_from(args.plan)
+            if args.arch is not None and Architecture.parse(args.arch) is not plan.architecture:
+                raise UsageError(f"--plan {args.plan} is a {plan.architecture.value} plan but --arch is {args.arch}; "
+                                 "give one of them")
+            return plan
+        architecture = Architecture.parse(args.arch or "hybrid")
+        prof = self.last["profile"]
+        if prof is not None and prof.model_name == job.name:
+            return make_plan(prof, ClusterSpec(machines=args.engines), architecture)
+        from .cluster.dispatch import default_plan
+
+        return default_plan(job, architecture.value)
+
+    def _do_run(self, args) -> None:
+        from .cluster import dispatch
+
+        _positive("--engines", args.engines)
+        _positive("--steps", args.steps)
+        _positive("--checkpoint-every", args.checkpoint_every, minimum=0)
+        if args.step_timeout is not None and args.step_timeout <= 0:
+            raise UsageError(f"--step-timeout must be > 0 seconds, got {args.step_timeout}")
+        if not args.output.isidentifier():
+            raise UsageError(f"-o needs a variable name, got {args.output!r}")
+        job = self.job(args.job)
+        plan = self._run_plan(args, job)
+        prof = self.last["profile"]
+        profile = prof if prof is not None and prof.model_name == job.name else None
+        the_run = dispatch.run(job, plan, engines=args.engines, steps=args.steps,
+                               checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                               resume=args.resume, step_timeout_s=args.step_timeout, wait=False, display=True,
+                               profile=profile)
+        self.store(args.output, the_run)
+        self.last["run"] = the_run
+        if args.plan is None:
+            self.last["plan"] = plan
+        the_run.wait()
+
+    def _do_report(self, args) -> None:
+        from .report import report
+        from .types import Profile
+
+        prof = self.resolve(args.profile, "profile") if args.profile else self.last["profile"]
+        if prof is None:
+            raise UsageError("no profile for the report: run `%parallax profile JOB` or pass --profile NAME")
+        if not isinstance(prof, Profile):
+            raise UsageError(f"--profile {args.profile!r} is a {type(prof).__name__}, not a parallax_nb Profile")
+        plan = self.plan_from(args.plan) if args.plan else self.last["plan"]
+        if plan is None:
+            raise UsageError("no plan for the report: run `%parallax plan` or pass --plan NAME")
+        plan = self._as_plan(plan, args.plan or "plan")
+        if args.run and args.run.lower() == "none":
+            the_run = None
+        elif args.run:
+            the_run = self.resolve(args.run, "run")
+        else:
+            the_run = self.last["run"]
+            if the_run is not None and getattr(the_run, "_summary", None) is None:
+                the_run = None     # the last run has no summary (failed or still running)
+        files = report(prof, plan, the_run, title=args.title).save(args.path)
+        print("report written: " + ", ".join(str(p) for p in (files if isinstance(files, tuple) else [files])))
+
+    def _do_cluster(self, args) -> None:
+        from .cluster import cluster as cluster_module
+
+        _positive("--engines", args.engines)
+        if args.action == "start":
+            c = cluster_module.default_cluster(args.engines or (cluster_module._default.n if cluster_module._default
+                                                                else 2), start=False)
+            was_running = c.running and c.alive()
+            c.start()
+            how = "reused" if was_running else f"started in {c.start_time_s:.1f} s"
+            print(f"{c.status()} ({how})")
+        elif args.action == "stop":
+            had = cluster_module.current_default_cluster()
+            cluster_module.stop_default_cluster()
+            print("cluster stopped" if had is not None else "no cluster was running")
+        else:
+            c = cluster_module.current_default_cluster()
+            print(c.status() if c is not None else "cluster: none started (use %parallax cluster start)")
+
+
+def load_ipython_extension(ipython) -> None:
+    """``%load_ext parallax_nb``: register ``%parallax``."""
+    ipython.register_magics(ParallaxMagics)
+
+
+def unload_ipython_extension(ipython) -> None:
+    magics = ipython.magics_manager.registry.get("ParallaxMagics")
+    if magics is not None:
+        ipython.magics_manager.magics["line"].pop("parallax", None)

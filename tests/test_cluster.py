@@ -1,0 +1,259 @@
+"""A real ipyparallel cluster of 2 MPI engines: start/reuse/stop, security, runs, stop, failure.
+
+One cluster for the whole module (module-scoped fixture); every run uses it, so the tests
+also prove that a stopped, failed or aborted run leaves the cluster usable.
+"""
+import os
+import stat
+import time
+
+import psutil
+import pytest
+
+pytest.importorskip("mpi4py")
+pytest.importorskip("horovod.tensorflow")
+
+from parallax_nb.cluster import Cluster, run  # noqa: E402
+from parallax_nb.errors import ConfigError, DistributedError  # noqa: E402
+from parallax_nb.workloads import lm_job  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+
+
+def hvd_sgd_train(job, plan, steps, on_step=None, should_stop=None, checkpoint_dir=None, resume=False,
+                  step_timeout_s=None, fail_rank=None, slow_s=0.0):
+    """A plain Horovod training loop with runtime.train's signature (real allreduce on engines).
+
+    ``fail_rank`` raises on that rank at step 2 (the others then wait in a collective);
+    ``slow_s`` sleeps in every step, so that a stop arrives mid-run.
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    model = job.build_model()
+    data = iter(job.dataset(hvd.rank(), hvd.size()))
+    history = []
+    for step in range(1, steps + 1):
+        if should_stop is not None and should_stop():
+            break
+        start = time.perf_counter()
+        x, y = next(data)
+        if fail_rank == hvd.rank() and step == 2:
+            raise ValueError(f"rank {hvd.rank()} fails on purpose at step {step}")
+        with tf.GradientTape() as tape:
+            loss = job.loss_value(model, x, y)
+        grads = tape.gradient(loss, model.trainable_variables)
+        grads = [hvd.allreduce(tf.convert_to_tensor(g)) for g in grads]
+        for v, g in zip(model.trainable_variables, grads):
+            v.assign_sub(0.1 * g)
+        time.sleep(slow_s)
+        elapsed = time.perf_counter() - start
+        record = dict(step=step, loss=float(hvd.allreduce(loss)), examples_per_s=hvd.size() * job.batch_size / elapsed,
+                      step_time_s=elapsed, bytes_sent=0.0, bytes_received=0.0, bytes_by_variable={})
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+
+    class Result:
+        pass
+
+    result = Result()
+    result.history, result.steps_done = history, len(history)
+    result.weights = {v.path: v.numpy() for v in model.variables}
+    result.summary = lambda: {"schema": "parallax_nb.run", "steps": len(history), "ranks": hvd.size()}
+    return result
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster(n=2)
+    start = time.monotonic()
+    c.start()
+    c.measured_start_s = time.monotonic() - start
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def job():
+    return lm_job("tiny")
+
+
+def _alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_start_status_reuse(cluster):
+    status = cluster.status()
+    assert status.running and status.alive
+    assert status.ranks == [0, 1] and len(set(status.ids)) == 2
+    assert status.controller_ip == "127.0.0.1"
+    assert cluster.measured_start_s < 120
+    pids = [e.pid for e in cluster.engines]
+    again = time.monotonic()
+    cluster.start()                                     # idempotent: the same engines
+    assert time.monotonic() - again < 1.0
+    assert [e.pid for e in cluster.engines] == pids
+    print(f"cluster of 2 MPI engines started in {cluster.measured_start_s:.1f} s")
+
+
+def test_controller_on_loopback_and_private_connection_files(cluster):
+    files = cluster.connection_files()
+    assert any(f.endswith("-client.json") for f in files) and any(f.endswith("-engine.json") for f in files)
+    for path in files:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        assert mode == 0o600, f"{path} has mode {oct(mode)}"
+    security = os.path.dirname(files[0])
+    assert stat.S_IMODE(os.stat(security).st_mode) == 0o700
+    controller = psutil.Process(cluster.controller_pid())
+    procs = [controller] + controller.children(recursive=True)
+    listening = [c.laddr for p in procs for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    assert listening, "the controller listens on no TCP port"
+    assert all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+
+def test_bad_cluster_arguments(tmp_path):
+    with pytest.raises(ConfigError, match="engines >= 1, got 0"):
+        Cluster(n=0)
+    with pytest.raises(ConfigError, match="hostfile not found"):
+        Cluster(n=2, hostfile=str(tmp_path / "nope"), ip="0.0.0.0")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    with pytest.raises(ConfigError, match="cannot reach a controller on loopback"):
+        Cluster(n=2, hostfile=str(hostfile))
+
+
+def test_run_streams_progress_and_returns_weights(cluster, job):
+    the_run = run(job, None, engines=2, steps=12, cluster=cluster, wait=False, display=False,
+                  train_fn=_partial(hvd_sgd_train, slow_s=0.3))
+    seen_while_running = None
+    deadline = time.monotonic() + 180
+    while not the_run.done and time.monotonic() < deadline:
+        if 0 < the_run.steps_done < 12 and not the_run.done:
+            seen_while_running = the_run.steps_done
+        time.sleep(0.05)
+    the_run.wait(timeout=10)
+    assert the_run.status == "done", the_run.message
+    assert seen_while_running is not None, "no progress arrived before the run finished"
+    assert list(the_run.history["step"]) == list(range(1, 13))
+    assert the_run.summary()["ranks"] == 2
+    model = the_run.model
+    assert {v.path for v in model.variables} == set(the_run.weights)
+
+
+def test_stop_and_keyboard_interrupt_then_next_run(cluster, job):
+    pids = [e.pid for e in cluster.engines]
+    the_run = run(job, None, engines=2, steps=100000, cluster=cluster, wait=False, display=False,
+                  train_fn=_partial(hvd_sgd_train, slow_s=0.2))
+    _wait_for_steps(the_run, 2)
+    start = time.monotonic()
+    the_run.stop(timeout=40)
+    latency = time.monotonic() - start
+    assert the_run.status == "stopped" and latency < 30, (the_run.status, latency)
+    assert 2 <= the_run.steps_done < 100000
+    assert [e.pid for e in cluster.engines] == pids     # stopped cooperatively: same engines
+    print(f"stop latency {latency:.2f} s after {the_run.steps_done} steps")
+
+    # Ctrl-C while a cell waits: the main thread gets KeyboardInterrupt inside wait()
+    import _thread
+    import threading
+
+    second = run(job, None, engines=2, steps=100000, cluster=cluster, wait=False, display=False,
+                 train_fn=_partial(hvd_sgd_train, slow_s=0.2))
+    _wait_for_steps(second, 2)
+    threading.Timer(0.5, _thread.interrupt_main).start()
+    start = time.monotonic()
+    second.wait(timeout=60)
+    assert second.status == "stopped" and time.monotonic() - start < 30
+
+    third = run(job, None, engines=2, steps=3, cluster=cluster, wait=True, display=False,
+                train_fn=hvd_sgd_train)
+    assert third.status == "done" and third.steps_done == 3
+
+
+def test_rank_failure_names_the_rank_and_cluster_recovers(cluster, job):
+    with pytest.raises(DistributedError) as info:
+        run(job, None, engines=2, steps=10, cluster=cluster, wait=True, display=False,
+            train_fn=_partial(hvd_sgd_train, fail_rank=1), failure_grace_s=3.0)
+    err = info.value
+    assert err.rank == 1 and "rank 1 (engine" in str(err) and "fails on purpose at step 2" in str(err)
+    assert "ValueError" in err.remote_traceback
+    assert cluster.status().alive
+    after = run(job, None, engines=2, steps=2, cluster=cluster, display=False, train_fn=hvd_sgd_train)
+    assert after.status == "done"
+
+
+def test_stuck_engines_are_restarted_within_30_s(cluster, job):
+    """An engine that ignores the stop (a 120 s step) is killed and restarted by the dispatcher."""
+    old = [e.pid for e in cluster.engines]
+    the_run = run(job, None, engines=2, steps=5, cluster=cluster, wait=False, display=False,
+                  train_fn=_partial(hvd_sgd_train, slow_s=120.0), stop_grace_s=3.0)
+    time.sleep(3)
+    start = time.monotonic()
+    the_run.stop(timeout=60)
+    assert the_run.status == "stopped" and "restarted" in the_run.message
+    assert time.monotonic() - start < 30
+    assert cluster.status().alive and not set(old) & {e.pid for e in cluster.engines}
+    deadline = time.monotonic() + 20
+    while _alive(old) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(old), "killed engines are still running"
+
+
+def test_runtime_hybrid_run_on_tiny_lm(cluster, job):
+    """parallax_nb.runtime.train with a HYBRID plan: streamed records, real bytes, weights back."""
+    pytest.importorskip("parallax_nb.runtime.trainer")
+    from parallax_nb.cluster.dispatch import default_plan
+
+    plan = default_plan(job, "hybrid")
+    assert plan.ps_variables and plan.ar_variables
+    the_run = run(job, plan, engines=2, steps=6, cluster=cluster, wait=False, display=False)
+    progress_seen = False
+    while not the_run.done:
+        progress_seen = progress_seen or (0 < the_run.steps_done < 6 and not the_run.done)
+        time.sleep(0.05)
+    the_run.wait()
+    assert progress_seen
+    summary = the_run.summary()
+    assert summary["architecture"] == "hybrid" and summary["ranks"] == 2 and summary["steps"] == 6
+    assert (the_run.history["bytes_per_step"] > 0).all()
+    assert set(the_run.measured_bytes_by_variable()) == set(plan.names)
+    model = the_run.model
+    assert len(model.trainable_variables) == len(plan)
+
+
+def test_stop_leaves_no_process(cluster):
+    """Last test of the module: stopping the shared cluster leaves no engine, mpiexec or controller."""
+    pids = [e.pid for e in cluster.engines] + cluster.mpiexec_pids() + [cluster.controller_pid()]
+    profile_dir = cluster.profile_dir
+    assert len(_alive(pids)) == 4
+    start = time.monotonic()
+    cluster.stop()
+    deadline = time.monotonic() + 15
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pids), f"left running after stop(): {_alive(pids)}"
+    assert not os.path.exists(profile_dir)
+    assert not cluster.status().running
+    print(f"stop() of a 2-engine cluster took {time.monotonic() - start:.1f} s")
+
+
+def _partial(fn, **kwargs):
+    import functools
+
+    return functools.partial(fn, **kwargs)
+
+
+def _wait_for_steps(the_run, steps, timeout=120):
+    deadline = time.monotonic() + timeout
+    while the_run.steps_done < steps and not the_run.done and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert the_run.steps_done >= steps, the_run
