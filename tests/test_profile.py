@@ -315,3 +315,15 @@ def test_tied_table_is_dense():
     job, _ = _user_job(_tied)
     prof = profile_job(job, steps=2, warmup=0)
     assert prof["tied/table"].kind is Kind.DENSE and prof["tied/table"].alpha_mean == 1.0
+
+
+def test_union_statistics_against_brute_force():
+    from parallax_nb.profile.stats import union_rows_by_workers
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        k, rows = int(rng.integers(1, 20)), int(rng.integers(1, 2000))
+        sets = [np.unique(rng.integers(0, rows, int(rng.integers(0, 150)))) for _ in range(k)]
+        expected = _union_means(sets, min(8, k))
+        for chunk in (1 << 20, 5, 1):  # small chunks exercise the renumbered, chunked path
+            assert union_rows_by_workers(sets, rows, 8, chunk_columns=chunk) == pytest.approx(expected, rel=1e-12)

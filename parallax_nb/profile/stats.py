@@ -40,31 +40,37 @@ def alpha_summary(touched_rows: Sequence[int], rows: int) -> dict[str, float]:
 
 
 def union_rows_by_workers(unique_rows_per_step: Sequence[np.ndarray], rows: int,
-                          max_workers: int) -> tuple[float, ...]:
+                          max_workers: int, chunk_columns: int = 1 << 20) -> tuple[float, ...]:
     """Mean unique rows touched by G consecutive steps, for G = 1 .. min(max_workers, k).
 
-    One pass per window start: a boolean mask of the R rows grows batch by batch, so each
-    window size costs only the ids of the batch it adds (O(k * G_max * ids), not O(R)).
+    Vectorised: ``counts[s, u]`` = how many of the first s steps touched row u (a cumulative
+    sum over steps), and row u is in the window ``[i, i+G)`` iff
+    ``counts[i+G, u] - counts[i, u] > 0``. Columns are the rows of the table, or for a table
+    of more than ``chunk_columns`` rows the touched rows renumbered 0..U-1, processed at most
+    ``chunk_columns`` at a time (columns are independent): memory <= (k+1) x chunk int32.
     """
     k = len(unique_rows_per_step)
     g_max = min(int(max_workers), k)
-    totals = np.zeros(g_max, dtype=np.float64)
-    counts = np.zeros(g_max, dtype=np.int64)
-    mask = np.zeros(int(rows), dtype=bool)
-    for start in range(k):
-        union_size = 0
-        marked = []
-        for g in range(min(g_max, k - start)):
-            ids = unique_rows_per_step[start + g]
-            new = ids[~mask[ids]]
-            mask[new] = True
-            marked.append(new)
-            union_size += new.size
-            totals[g] += union_size
-            counts[g] += 1
-        for new in marked:
-            mask[new] = False
-    return tuple(float(t / c) for t, c in zip(totals, counts))
+    if g_max == 0:
+        return ()
+    sizes = [ids.size for ids in unique_rows_per_step]
+    all_ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in unique_rows_per_step])
+    steps_of = np.repeat(np.arange(k), sizes)
+    if rows <= chunk_columns:  # small table: the row id is the column
+        column, touched_rows = all_ids, int(rows)
+    else:  # large table: renumber the touched rows 0..U-1
+        _, column = np.unique(all_ids, return_inverse=True)
+        touched_rows = int(column.max()) + 1 if column.size else 0
+    union_sums = np.zeros(g_max, dtype=np.float64)  # summed over all windows of each size
+    for first in range(0, touched_rows, chunk_columns):
+        in_chunk = (column >= first) & (column < first + chunk_columns)
+        width = min(chunk_columns, touched_rows - first)
+        counts = np.zeros((k + 1, width), dtype=np.int32)
+        counts[steps_of[in_chunk] + 1, column[in_chunk] - first] = 1  # each step's ids are unique
+        np.cumsum(counts, axis=0, out=counts)
+        for g in range(1, g_max + 1):
+            union_sums[g - 1] += np.count_nonzero(counts[g:] - counts[:-g])
+    return tuple(float(union_sums[g - 1] / (k - g + 1)) for g in range(1, g_max + 1))
 
 
 def sparse_variable_profile(name: str, shape: tuple[int, ...], dtype: str, itemsize: int,
