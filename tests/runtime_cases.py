@@ -35,7 +35,7 @@ def run_case(case: dict) -> dict:
     storage = trainer.storage_bytes()
     ckpt_dir = case.get("checkpoint_dir")
     result = trainer.run(case["steps"], checkpoint_dir=ckpt_dir, checkpoint_every=case.get("checkpoint_every", 0),
-                         resume=case.get("resume", False))
+                         resume=case.get("resume", False), step_timeout_s=case.get("step_timeout_s", 240))
     out = {"rank": trainer.rank, "storage": storage, "summary": result.summary(), "wall_s": time.perf_counter() - start,
            "losses": [r.loss for r in result.history], "checkpoints": result.checkpoints,
            "variables": result.variables}

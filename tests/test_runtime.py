@@ -274,3 +274,63 @@ def test_a_failing_rank_stops_every_rank(tmp_path):
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"rank processes left behind: {alive}"
     print(f"\nfailure at step 3 -> all ranks gone {ended - failed_at:.1f} s later (launch {ended - start:.1f} s)")
+
+
+def _cli(*argv, timeout=900):
+    import subprocess
+    import sys
+
+    from parallax_nb.launch import rank_environment
+
+    return subprocess.run([sys.executable, "-m", "parallax_nb", "run", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=rank_environment())
+
+
+def test_cli_run_with_automatic_plan_and_partition_search(tmp_path):
+    import csv
+    import json
+
+    import keras
+
+    out = tmp_path / "run"
+    proc = _cli("parallax_nb.workloads:recommender_tiny", "--arch", "hybrid", "--np", "2", "--steps", "6",
+                "--output", str(out), "--checkpoint-every", "3", "--partitions", "auto")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["schema"] == "parallax_nb.run" and summary["schema_version"] == 1
+    assert summary["ranks"] == 2 and summary["steps"] == 6 and summary["architecture"] == "hybrid"
+    search = summary["partition_search"]
+    assert len(search["points"]) >= 3 and search["best_partitions"] >= 1
+    assert {v["method"] for v in summary["variables"].values()} == {"ps", "ar"}
+    assert all(v["partitions"] == search["best_partitions"] for v in summary["variables"].values()
+               if v["method"] == "ps")
+    with open(out / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and {r["rank"] for r in rows} == {"0", "1"}
+    assert all(float(r["bytes_sent"]) > 0 for r in rows)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ckpt-00000003", "ckpt-00000006"]
+    model = keras.models.load_model(out / "model.keras")
+    assert len(model.trainable_variables) == 6
+    print(f"\npartition search points {search['points']} -> P = {search['best_partitions']}")
+
+
+def test_cli_rejects_bad_input_before_mpirun(tmp_path):
+    proc = _cli("parallax_nb.workloads:recommender_tiny", "--plan", str(tmp_path / "missing.json"), "--np", "2",
+                "--steps", "2", "--output", str(tmp_path / "o"), timeout=120)
+    assert proc.returncode == 2 and "plan file" in proc.stderr and "missing.json" in proc.stderr
+    proc = _cli("parallax_nb.workloads:recommender_tiny", "--np", "2", "--steps", "2", "--output", str(tmp_path / "o"),
+                "--partitions", "zero", timeout=120)
+    assert proc.returncode == 2 and "--partitions" in proc.stderr
+
+
+def test_partition_fit_recovers_a_known_curve():
+    from parallax_nb.runtime.partition_search import fit_partition_model
+
+    truth = lambda p: 0.010 + 0.040 / p + 0.002 * (p - 1)  # noqa: E731 - minimum near P = sqrt(20) ~ 4.5
+    search = fit_partition_model([(p, truth(p)) for p in (1, 2, 4, 8, 16)])
+    assert abs(search.a_s - 0.010) < 1e-9 and abs(search.b_s - 0.040) < 1e-9 and abs(search.c_s - 0.002) < 1e-9
+    assert search.best in (4, 5) and search.predict(4) == pytest.approx(truth(4))
+    from parallax_nb.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least 3 distinct"):
+        fit_partition_model([(1, 0.1), (2, 0.05)])

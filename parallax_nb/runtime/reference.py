@@ -10,10 +10,19 @@ import numpy as np
 import tensorflow as tf
 
 from ..job import Job
+from .sync import deduplicate
 
 
-def train_single_device(job: Job, steps: int, batch_size: int | None = None, return_model: bool = False):
-    """Weights (path -> array, incl. non-trainable) after ``steps`` steps of ``batch_size``."""
+def train_single_device(job: Job, steps: int, batch_size: int | None = None, return_model: bool = False,
+                        deduplicate_sparse: bool = True):
+    """Weights (path -> array, incl. non-trainable) and losses after ``steps`` steps of ``batch_size``.
+
+    ``deduplicate_sparse``: sum the repeated rows of ``IndexedSlices`` gradients before the
+    optimizer, i.e. apply the true (dense-equivalent) gradient, as the distributed runtime
+    does. Keras 3 on TensorFlow otherwise squares per-occurrence entries in Adam/Adagrad/
+    RMSprop (a row seen k times in a batch gets a smaller second moment than its gradient's
+    square); SGD is the same either way.
+    """
     model = job.build_model()
     optimizer = job.make_optimizer()
     variables = list(model.trainable_variables)
@@ -24,6 +33,8 @@ def train_single_device(job: Job, steps: int, batch_size: int | None = None, ret
         with tf.GradientTape() as tape:
             loss = job.loss_value(model, x, y, training=True)
         grads = tape.gradient(loss, variables)
+        if deduplicate_sparse:
+            grads = [deduplicate(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
         return loss
 

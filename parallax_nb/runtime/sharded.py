@@ -83,6 +83,36 @@ class ShardedVariable:
         return {p: v.numpy() for p, v in zip(self.owned, self.parts)}
 
 
+def op_tag(name: str) -> str:
+    """A variable path as a fragment of a Horovod op name (letters, digits, underscores)."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str) -> tf.Tensor:
+    """alltoall of the rows owners serve back to their requesters, with an explicitly named
+    reverse alltoall as its gradient (row gradients to the owners).
+
+    Every Horovod op of the step carries a name built from the variable and the call
+    number: Horovod matches collectives across ranks by name, and automatic names would
+    differ between ranks whose graphs differ (a rank owning two partitions gathers from
+    both, a rank owning one does not).
+    """
+    import horovod.tensorflow as hvd
+
+    @tf.custom_gradient
+    def exchange(x):
+        y, _ = hvd.alltoall(x, splits=send_splits, name=f"px_rows_{tag}", ignore_name_scope=True)
+
+        def grad(dy):
+            dx, _ = hvd.alltoall(tf.convert_to_tensor(dy), splits=receive_splits, name=f"px_rowgrads_{tag}",
+                                 ignore_name_scope=True)
+            return dx
+
+        return y, grad
+
+    return exchange(served)
+
+
 class ShardedLookupRouter:
     """Serves ``embedding_lookup`` of PS variables from their shards through ``alltoall``.
 
@@ -99,11 +129,21 @@ class ShardedLookupRouter:
         self.rank = rank
         self.ledger = ledger
 
+    def reset(self) -> None:
+        """Start a new trace: lookups are numbered per variable from 0 again."""
+        self._calls: dict[str, int] = {}
+
     def lookup(self, params, ids):
         sharded = self.variables.get(variable_path(params))
         if sharded is None:
             return None
         hvd, N = self._hvd, self.ranks
+        calls = getattr(self, "_calls", None)
+        if calls is None:
+            self.reset()
+            calls = self._calls
+        tag = f"{op_tag(sharded.name)}_{calls.get(sharded.name, 0)}"
+        calls[sharded.name] = calls.get(sharded.name, 0) + 1
         ids = tf.convert_to_tensor(ids)
         flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
         unique_ids, position = tf.unique(flat)
@@ -111,9 +151,9 @@ class ShardedLookupRouter:
         order = tf.argsort(owner, stable=True)
         send_ids = tf.gather(unique_ids, order)
         splits = tf.math.bincount(owner, minlength=N, maxlength=N, dtype=tf.int32)
-        recv_ids, recv_splits = hvd.alltoall(send_ids, splits=splits)
+        recv_ids, recv_splits = hvd.alltoall(send_ids, splits=splits, name=f"px_ids_{tag}", ignore_name_scope=True)
         served = sharded.local_rows(recv_ids)
-        rows, _ = hvd.alltoall(served, splits=recv_splits)
+        rows = exchange_rows(served, send_splits=recv_splits, receive_splits=splits, tag=tag)
         unique_rows = tf.gather(rows, tf.argsort(order))
         out = tf.gather(unique_rows, position)
         out = tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(sharded.row_shape, tf.int32)], 0))

@@ -1,8 +1,12 @@
 """Gradient exchange per variable, inside the train step (DESIGN.md §5).
 
 * AR, dense gradient: one grouped Horovod allreduce (average) of all of them.
-* AR, sparse gradient (``IndexedSlices``): duplicates summed first (unique rows), then
-  Horovod's allreduce of ``IndexedSlices`` (an allgather of values and of indices, averaged).
+* AR, sparse gradient (``IndexedSlices``): duplicates summed first (unique rows), then what
+  Horovod's allreduce of ``IndexedSlices`` does (an allgather of values and one of indices,
+  values divided by N), written out to give the collectives explicit names.
+
+Every collective is named explicitly (``px_<what>_<variable>``): Horovod pairs collectives
+across ranks by name, and the graphs of ranks that own different partitions differ.
 * PS, sparse: the gradient already arrived at the owners through the lookup's alltoall
   (:mod:`.sharded`); each owner divides by N and applies the optimizer to its partitions.
 * PS, dense: each rank sends the gradient rows of every partition to its owner (alltoall),
@@ -24,7 +28,7 @@ import tensorflow as tf
 
 from ..types import Kind, Method
 from .accounting import ByteLedger, allgather_bytes, ring_allreduce_bytes
-from .sharded import ShardedVariable
+from .sharded import ShardedVariable, op_tag
 
 
 @dataclass
@@ -74,8 +78,15 @@ def _scale(grad, factor: float):
     return grad * factor
 
 
-def _dedupe(grad: tf.IndexedSlices) -> tf.IndexedSlices:
-    """Sum the values of repeated indices: one entry per touched row."""
+def deduplicate(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """Sum the values of repeated indices: one entry per touched row.
+
+    Besides moving fewer bytes, this makes the optimizer see the true gradient: Keras 3
+    optimizers on TensorFlow square the *entries* of an ``IndexedSlices`` (Adam's second
+    moment gets the sum of squares of a row's per-occurrence gradients, not the square of
+    their sum), so without it the update would depend on how the duplicates of a row were
+    split across entries and ranks. Deduplicated, every method applies exactly the
+    dense-equivalent update (see ``reference.train_single_device``)."""
     unique, position = tf.unique(grad.indices)
     values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(unique)[0])
     return tf.IndexedSlices(values, unique, grad.dense_shape)
@@ -110,6 +121,7 @@ class GradientExchange:
             elif sync.ps_sparse:
                 for grad, part in zip(grads, sync.shard.parts):
                     if grad is not None:
+                        grad = deduplicate(grad) if isinstance(grad, tf.IndexedSlices) else grad
                         pairs.append((_scale(grad, 1.0 / N), part))
             else:
                 grad = grads[0]
@@ -117,7 +129,8 @@ class GradientExchange:
                     pairs.extend(self._push_dense(sync, tf.convert_to_tensor(grad)))
         if dense_ar:
             if N > 1:
-                reduced = hvd.grouped_allreduce([g for _, g in dense_ar], op=hvd.Average)
+                reduced = hvd.grouped_allreduce([g for _, g in dense_ar], op=hvd.Average, name="px_ar_dense",
+                                                ignore_name_scope=True)
             else:
                 reduced = [g for _, g in dense_ar]
             for (sync, _), grad in zip(dense_ar, reduced):
@@ -127,15 +140,17 @@ class GradientExchange:
 
     def _allgather_sparse(self, sync: VariableSync, grad: tf.IndexedSlices) -> tf.IndexedSlices:
         hvd, N = self.hvd, self.ranks
-        grad = _dedupe(grad)
+        grad = deduplicate(grad)
         row_bytes = int(math.prod(sync.variable.shape[1:])) * tf.as_dtype(sync.variable.dtype).size + 8
         own = tf.cast(tf.shape(grad.indices)[0], tf.float64) * row_bytes
         if N == 1:
             return grad
-        gathered = hvd.allreduce(tf.IndexedSlices(grad.values, grad.indices, grad.dense_shape), op=hvd.Average)
-        total = tf.cast(tf.shape(gathered.indices)[0], tf.float64) * row_bytes
+        tag = op_tag(sync.name)
+        values = hvd.allgather(grad.values, name=f"px_ar_values_{tag}", ignore_name_scope=True)
+        indices = hvd.allgather(grad.indices, name=f"px_ar_indices_{tag}", ignore_name_scope=True)
+        total = tf.cast(tf.shape(indices)[0], tf.float64) * row_bytes
         self.ledger.add(sync.name, *allgather_bytes(own, total, N))
-        return gathered
+        return deduplicate(tf.IndexedSlices(values / N, indices, grad.dense_shape))
 
     # ---------------------------------------------------------------- PS dense
     @staticmethod
@@ -155,7 +170,8 @@ class GradientExchange:
         mine = splits[self.rank]
         if N > 1:
             send = tf.concat(flat_by_owner, 0) if flat_by_owner else tf.zeros([0], grad.dtype)
-            received, _ = hvd.alltoall(send, splits=tf.constant(splits, tf.int32))
+            received, _ = hvd.alltoall(send, splits=tf.constant(splits, tf.int32), name=f"px_push_{op_tag(sync.name)}",
+                                       ignore_name_scope=True)
             summed = tf.reduce_sum(tf.reshape(received, [N, mine]), 0)
         else:
             summed = tf.concat(flat_by_owner, 0)
@@ -180,7 +196,8 @@ class GradientExchange:
             row = int(np.prod(shard.row_shape))
             mine = [tf.reshape(v.value, [-1]) for v in shard.parts]
             own = tf.concat(mine, 0) if mine else tf.zeros([0], shard.dtype)
-            everything = hvd.allgather(own) if N > 1 else own
+            everything = (hvd.allgather(own, name=f"px_pull_{op_tag(sync.name)}", ignore_name_scope=True)
+                          if N > 1 else own)
             order = part.owner_order()
             sizes = [part.rows_in(p) * row for p in order]
             pieces = tf.split(everything, sizes) if len(sizes) > 1 else [everything]

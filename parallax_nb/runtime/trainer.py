@@ -190,6 +190,7 @@ class Trainer:
     def _step(self, x, y):
         hvd = self.hvd
         self.ledger.clear()
+        self.router.reset()
         tape_vars = [s.tape_variables for s in self.syncs]
         with ops.route_lookups(self.router):
             with tf.GradientTape() as tape:
@@ -202,7 +203,7 @@ class Trainer:
         pairs = self.exchange.exchange(grads)
         self.optimizer.apply_gradients(pairs)
         self.exchange.pull_dense()
-        mean_loss = hvd.allreduce(loss, op=hvd.Average, name="px_loss") if self.ranks > 1 else loss
+        mean_loss = hvd.allreduce(loss, op=hvd.Average, name="px_loss", ignore_name_scope=True) if self.ranks > 1 else loss
         return mean_loss, self.ledger.totals([s.name for s in self.syncs])
 
     def run_step(self, x, y) -> StepRecord:
