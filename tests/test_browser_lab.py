@@ -48,11 +48,17 @@ def _get(url: str, timeout: float = 2.0) -> int:
 
 
 def _quiet_settings(directory: pathlib.Path) -> pathlib.Path:
-    """User settings that keep JupyterLab from asking about news or updates (no network here)."""
-    plugin = directory / "@jupyterlab" / "apputils-extension"
-    plugin.mkdir(parents=True, exist_ok=True)
-    (plugin / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True}))
+    """User settings: no questions about news or updates (no network here), and every cell kept
+    in the DOM (JupyterLab's default "full" windowing detaches cells scrolled far away)."""
+    settings = {
+        ("apputils-extension", "notification"): {"fetchNews": "false", "checkForUpdates": False,
+                                                 "doNotDisturbMode": True},
+        ("notebook-extension", "tracker"): {"windowingMode": "none"},
+    }
+    for (package, plugin), values in settings.items():
+        folder = directory / "@jupyterlab" / package
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{plugin}.jupyterlab-settings").write_text(json.dumps(values))
     return directory
 
 
@@ -160,7 +166,7 @@ def test_quickstart_runs_in_jupyterlab(lab, test_output_dir):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             console_errors: list[str] = []
-            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page.on("console", lambda m: console_errors.append(m.text[:200]) if m.type == "error" else None)
             page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?reset&token={lab.token}")
             page.wait_for_function(JS_NOTEBOOK_READY, timeout=90_000, polling=500)
             page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
@@ -175,11 +181,12 @@ def test_quickstart_runs_in_jupyterlab(lab, test_output_dir):
                 if state["executed"] == state["code"] and state["kernel"] == "idle" and not state["running"]:
                     break
                 time.sleep(1.0)
-            page.screenshot(path=str(test_output_dir / "browser_lab_quickstart_full.png"), full_page=True)
-            assert not state.get("errors"), f"cells raised in JupyterLab: {state['errors']}"
+            page.screenshot(path=str(test_output_dir / "browser_lab_quickstart.png"))
+            assert not state.get("errors"), f"cells raised in JupyterLab: {state['errors']}; console: {console_errors}"
             assert state.get("executed") == state.get("code"), (
                 f"not every cell ran within {RUN_ALL_TIMEOUT_S} s: {json.dumps(state)}")
 
+            page.set_viewport_size({"width": 1400, "height": 2000})   # room for whole widgets
             planner = page.locator(".parallax-planner-view").first
             planner.wait_for(state="attached", timeout=30_000)
             assert planner.locator(".widget-slider").count() >= 2, "planner sliders did not render"
@@ -187,6 +194,17 @@ def test_quickstart_runs_in_jupyterlab(lab, test_output_dir):
             assert planner.locator("img").count() >= 1, "planner chart did not render"
             planner.scroll_into_view_if_needed()
             planner.screenshot(path=str(test_output_dir / "browser_lab_planner.png"))
+
+            # the widget is live: a bad bandwidth typed in the browser shows the planner's error box
+            bandwidth = planner.locator(".widget-text input").first
+            bandwidth.fill("fast")
+            bandwidth.press("Enter")
+            error = planner.locator(".parallax-error").first
+            error.wait_for(state="visible", timeout=30_000)
+            assert "fast" in error.inner_text()
+            bandwidth.fill("10Gbit/s")
+            bandwidth.press("Enter")
+            error.wait_for(state="detached", timeout=30_000)
 
             run_view = page.locator(".parallax-run-view").first
             run_view.wait_for(state="attached", timeout=30_000)

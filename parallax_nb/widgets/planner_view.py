@@ -121,7 +121,8 @@ def render_chart(planner: Planner) -> bytes:
     style.style_axes(ax2)
     ax2.grid(axis="y", color="#eceef2", linewidth=0.8)
     ax2.grid(axis="x", visible=False)
-    ax2.legend(fontsize=8, frameon=False, loc="upper right")
+    ax2.set_ylim(0, 1.3 * max(c + m for c, m in zip(compute, comm)) or 1.0)   # room for the legend
+    ax2.legend(fontsize=8, frameon=False, loc="upper right", ncol=2)
     ax2.set_title("estimated step time", fontsize=9, color="#3c4048", loc="left")
     return style.figure_png(fig)
 

@@ -16,14 +16,15 @@ DENSE_COLOR = "#8a8f98"
 MUTED = "#d5d9e0"
 ERROR_BG = "#fdecea"
 ERROR_FG = "#a4262c"
-FONT = "font-family: -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif;"
+# ipywidgets' HTML widget sets a 28 px line height for one-line labels; our blocks set their own.
+FONT = "font-family: -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif; line-height: 1.45;"
 
 METHOD_COLORS = {"ps": PS_COLOR, "ar": AR_COLOR}
 KIND_COLORS = {"sparse": SPARSE_COLOR, "dense": DENSE_COLOR}
 
 TABLE_CSS = (
     "border-collapse: collapse; font-size: 12.5px; " + FONT +
-    " font-variant-numeric: tabular-nums; min-width: 100%;"
+    " font-variant-numeric: tabular-nums;"
 )
 TH_CSS = ("text-align: right; padding: 5px 10px; border-bottom: 2px solid #c9ced6; color: #3c4048; "
           "font-weight: 600; white-space: nowrap; background: #f4f6f9;")
@@ -36,7 +37,8 @@ def esc(value) -> str:
 
 def badge(text: str, color: str) -> str:
     return (f'<span style="display:inline-block; padding:1px 8px; border-radius:9px; background:{color}; '
-            f'color:white; font-size:11px; font-weight:600; letter-spacing:.3px">{esc(text)}</span>')
+            f'color:white; font-size:11px; line-height:16px; font-weight:600; letter-spacing:.3px">'
+            f'{esc(text)}</span>')
 
 
 def html_table(header: list[str], rows: list[list[str]], row_styles: list[str] | None = None,
