@@ -262,6 +262,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mpirun launch")
     parser.add_argument("--quick", action="store_true", help="tiny workloads: check the harness in a minute")
     parser.add_argument("--json", metavar="PATH", help="write all results here")
+    parser.add_argument("--readme", metavar="PATH", nargs="?", const=os.path.join(HERE, "README.md"),
+                        help="replace the 'Latest results' section of this README (default benchmarks/README.md)")
     parser.add_argument("--workdir", help="keep specs, plans, profiles and logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     for n in args.ranks:
@@ -286,7 +288,7 @@ def main(argv=None) -> int:
         for machines, workers, bandwidth in networks:
             settings.append(run_setting(f"net{machines}x{workers}", spec, profile, args.network_configs,
                                         machines, workers, bandwidth, args, workdir))
-    doc = {"schema": "parallax_nb.bench_comm", "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
+    doc = {"schema": "parallax_nb.bench_comm", "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
            "machine": report.machine_description(), "python": platform.python_version(),
            "wall_s": time.monotonic() - started, "quick": args.quick,
            "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
@@ -300,6 +302,9 @@ def main(argv=None) -> int:
 
         atomic_write_text(args.json, json.dumps(doc, indent=1))
         print(f"\nwrote {args.json}")
+    if args.readme:
+        report.update_readme(args.readme, doc)
+        print(f"updated {args.readme}")
     return 0
 
 

@@ -190,3 +190,19 @@ def render(doc: dict) -> str:
                                                 else f"{t['value']:.2f}x")
         out.append(f"  [{t['status']:>7}] {t['target']}: {value}  {t['detail']}")
     return "\n".join(out)
+
+
+RESULTS_HEADING = "## Latest results"
+
+
+def update_readme(path: str, doc: dict) -> None:
+    """Replace everything from the "Latest results" heading on with this run's table."""
+    from parallax_nb.io import atomic_write_text
+
+    with open(path) as f:
+        text = f.read()
+    head = text.split(RESULTS_HEADING, 1)[0].rstrip() + "\n\n"
+    section = (f"{RESULTS_HEADING}\n\nRun {doc['finished_utc']} on {doc['machine']}"
+               + (" (quick sizes: a harness check, not a measurement)" if doc.get("quick") else "")
+               + f".\n\n```bash\n{doc['command']}\n```\n\n```text\n{render(doc)}\n```\n")
+    atomic_write_text(path, head + section)
