@@ -270,3 +270,24 @@ def test_methods_accept_enum_values(planner, profile):
     sparse = next(v.name for v in profile.variables if v.is_sparse)
     planner.set_method(sparse, Method.AR)
     assert planner.ok and planner.table.loc[sparse, "method"] == "ar"
+
+
+def test_many_variables_table_lists_all_chart_the_largest(profile):
+    import dataclasses
+
+    from parallax_nb.widgets.planner_view import CHART_VARIABLES, largest
+
+    base = profile.variables
+    many = dataclasses.replace(profile, variables=tuple(
+        dataclasses.replace(base[i % len(base)], name=f"block{i}/{base[i % len(base)].name}") for i in range(120)))
+    view = PlannerView(plan(many, machines=4))
+    try:
+        assert all(name in view.table.value for name in many.names)
+        top = largest(view.planner.table, CHART_VARIABLES)
+        assert len(top) == CHART_VARIABLES
+        peak = view.planner.table[["ps_bytes_per_step", "ar_bytes_per_step"]].max(axis=1)
+        assert peak[top.index].min() >= peak.drop(top.index).max()
+        assert view.chart.value[:4] == b"\x89PNG"
+    finally:
+        view.close()
+    assert ProfileView(many).chart.value[:4] == b"\x89PNG"

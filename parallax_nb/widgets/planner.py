@@ -35,8 +35,9 @@ SETTABLE = CLUSTER_FIELDS + ("architecture",)
 
 @dataclass(frozen=True)
 class PlannerInputs:
-    """What the user asked for, valid or not. ``bandwidth`` is kept as typed (``"10Gbit/s"``)
-    so that a view shows the text back unchanged; ``partitions`` and ``methods`` are the
+    """What the user asked for, valid or not. ``bandwidth`` is kept as given (text such as
+    ``"10Gbit/s"``, shown back unchanged by a view, or bits per second as a number, exact when it
+    comes from a ClusterSpec); ``partitions`` and ``methods`` are the
     per-variable overrides (variable name -> partition count / method)."""
 
     machines: Any = 1
@@ -146,7 +147,7 @@ class Planner:
             raise ConfigError(f"cluster must be a ClusterSpec, got {type(base).__name__}",
                               hint='build one with px.ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
         values = dict(machines=base.machines, workers_per_machine=base.workers_per_machine,
-                      bandwidth=base.bandwidth, latency_s=base.latency_s,
+                      bandwidth=base.bandwidth_bps, latency_s=base.latency_s,
                       local_aggregation=base.local_aggregation, architecture=architecture)
         values.update(cluster_kwargs)
         self.profile = profile

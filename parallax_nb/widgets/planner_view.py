@@ -12,12 +12,14 @@ import contextlib
 
 import ipywidgets as widgets
 
-from ..types import SPARSE_AS_DENSE, Architecture, format_bytes
+from ..types import SPARSE_AS_DENSE, Architecture, format_bandwidth, format_bytes
 from . import style
 from .planner import Planner, describe_inputs
 
 ARCHITECTURE_OPTIONS = [("AR", "ar"), ("PS", "ps"), ("HYBRID", "hybrid"), ("AUTO", "auto")]
 METHOD_OPTIONS = [("as planned", ""), ("AR", "ar"), ("PS", "ps")]
+CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing; the table lists every variable
+
 BASELINES = ((Architecture.AR, "AR"), (Architecture.PS, "PS"), (Architecture.HYBRID, "HYBRID"),
              (Architecture.AUTO, "AUTO"), (SPARSE_AS_DENSE, "AR as\ndense"))
 
@@ -77,14 +79,22 @@ def render_table(planner: Planner) -> str:
     return style.html_table(header, rows, left_columns=2) + note
 
 
+def largest(table, limit: int):
+    """The ``limit`` rows with the most bytes under either method, in their original order."""
+    if len(table) <= limit:
+        return table
+    peak = table[["ps_bytes_per_step", "ar_bytes_per_step"]].max(axis=1)
+    return table[table.index.isin(set(peak.nlargest(limit).index))]
+
+
 def render_chart(planner: Planner) -> bytes:
     """Left: PS and AR bytes per variable (chosen method solid, the other faint), log scale.
     Right: estimated step time of each whole-model architecture and of this plan,
     compute + communication."""
-    table = planner.table
+    table = largest(planner.table, CHART_VARIABLES)
     n = len(table)
     margin = style.label_margin_in(table.index)
-    width, height = 7.8 + margin, min(max(2.8, 1.1 + 0.3 * n), 9.0)
+    width, height = 7.8 + margin, min(max(2.8, 1.1 + 0.27 * n), 8.0)
     fig = style.new_figure(width, height)
     grid = fig.add_gridspec(1, 2, width_ratios=[1.6, 1.0], wspace=0.3, left=margin / width, right=0.98,
                             top=1 - 0.35 / height, bottom=0.6 / height)
@@ -102,6 +112,9 @@ def render_chart(planner: Planner) -> bytes:
     style.style_axes(ax)
     ax.set_title("bytes per machine per step (orange PS, blue AR; solid = chosen)", fontsize=9,
                  color="#3c4048", loc="left")
+    if n < len(planner.table):
+        ax.set_xlabel(f"the {n} largest of {len(planner.table)} variables (the table lists all)", fontsize=8.5,
+                      color="#6a737d")
 
     ax2 = fig.add_subplot(grid[0, 1])
     labels, compute, comm = [], [], []
@@ -172,7 +185,7 @@ class PlannerView(widgets.VBox):
         self.partitions = widgets.IntSlider(min=1, max=64, **slider)
         self.summary = widgets.HTML()
         self.error = widgets.HTML()
-        self.table = widgets.HTML(layout=widgets.Layout(overflow="auto"))
+        self.table = widgets.HTML(layout=widgets.Layout(overflow="auto", max_height="480px"))
         self.chart = widgets.Image(format="png", layout=widgets.Layout(max_width="980px"))
 
         title = widgets.HTML(style.heading(
@@ -242,7 +255,7 @@ class PlannerView(widgets.VBox):
         with self._sync():
             _set_if_in_range(self.machines, inputs.machines)
             _set_if_in_range(self.workers_per_machine, inputs.workers_per_machine)
-            self.bandwidth.value = str(inputs.bandwidth)
+            self.bandwidth.value = _bandwidth_text(inputs.bandwidth)
             if isinstance(inputs.latency_s, (int, float)) and not isinstance(inputs.latency_s, bool):
                 self.latency_us.value = float(inputs.latency_s) * 1e6
             arch = getattr(inputs.architecture, "value", str(inputs.architecture).lower())
@@ -278,6 +291,12 @@ class PlannerView(widgets.VBox):
     def close(self):
         self.planner.unobserve(self.refresh)
         super().close()
+
+
+def _bandwidth_text(bandwidth) -> str:
+    if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool) and bandwidth > 0:
+        return format_bandwidth(bandwidth)
+    return str(bandwidth)
 
 
 def _plan_partitions(planner: Planner, name: str) -> int:

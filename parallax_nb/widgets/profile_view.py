@@ -13,6 +13,9 @@ from ..types import Profile, format_bytes
 from . import style
 
 
+CHART_VARIABLES = 25   # the table lists every variable; the chart the largest
+
+
 def profile_rows(profile: Profile) -> list[dict]:
     """The rows the view shows, as plain values (tests compare them with the profile)."""
     return [{
@@ -31,8 +34,11 @@ def _alpha_text(alpha: float) -> str:
 def render_chart(profile: Profile) -> bytes:
     """Horizontal bars per variable: size (light) and gradient bytes per step (dark), log scale."""
     variables = list(profile.variables)
+    if len(variables) > CHART_VARIABLES:
+        keep = {v.name for v in sorted(variables, key=lambda v: v.size_bytes, reverse=True)[:CHART_VARIABLES]}
+        variables = [v for v in variables if v.name in keep]
     names = [v.name for v in variables]
-    height = min(1.0 + 0.32 * max(len(variables), 1), 9.0)
+    height = min(1.0 + 0.3 * max(len(variables), 1), 8.0)
     width = 4.6 + style.label_margin_in(names)
     fig = style.new_figure(width, height)
     fig.subplots_adjust(left=style.label_margin_in(names) / width, right=0.97, top=1 - 0.35 / height,
@@ -49,6 +55,9 @@ def render_chart(profile: Profile) -> bytes:
     ax.set_xscale("log")
     style.log_bytes_axis(ax.xaxis)
     style.style_axes(ax)
+    if len(variables) < len(profile.variables):
+        ax.set_xlabel(f"the {len(variables)} largest of {len(profile.variables)} variables (the table lists all)",
+                      fontsize=8.5, color="#6a737d")
     ax.set_title("bytes per variable (teal: sparse, grey: dense; light: size, dark: gradient per step)",
                  fontsize=9, color="#3c4048", loc="right")
     return style.figure_png(fig)
@@ -85,7 +94,7 @@ class ProfileView(widgets.VBox):
                     f"batch {profile.batch_size}, {profile.steps} steps, compute {profile.step_time_s * 1e3:.1f} ms/step, "
                     f"peak memory {format_bytes(profile.peak_memory_bytes)}")
         self.header = widgets.HTML(style.heading(f"Profile of {profile.model_name}", subtitle))
-        self.table = widgets.HTML(render_table(profile), layout=widgets.Layout(overflow="auto"))
+        self.table = widgets.HTML(render_table(profile), layout=widgets.Layout(overflow="auto", max_height="480px"))
         self.chart = widgets.Image(value=render_chart(profile), format="png",
                                    layout=widgets.Layout(max_width="760px"))
         super().__init__([self.header, self.table, self.chart], **kwargs)
