@@ -44,7 +44,7 @@ def execute_notebook(notebook: pathlib.Path, output_dir: pathlib.Path, *, cell_t
     is written) naming the cell and the error."""
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     if not notebook.is_file():
         raise ConfigError(f"notebook not found: {notebook}",
@@ -64,6 +64,16 @@ def execute_notebook(notebook: pathlib.Path, output_dir: pathlib.Path, *, cell_t
         nbformat.write(nb, executed)
         raise NotebookError(f"a cell of {notebook.name} failed: {_last_line(str(e))}",
                             hint=f"open {executed} to see the failing cell and its traceback") from None
+    except CellTimeoutError:
+        nbformat.write(nb, executed)
+        raise NotebookError(f"a cell of {notebook.name} ran longer than {cell_timeout} s and was stopped",
+                            hint=f"raise --cell-timeout, or see which cell in {executed}") from None
+    except (DeadKernelError, AssertionError):
+        # Ctrl-C: nbclient shuts the kernel down itself (its engines follow it), the running cell
+        # then sees a dead kernel, and nbclient 0.10's own clean-up trips an assertion.
+        nbformat.write(nb, executed)
+        raise NotebookError(f"the kernel stopped before {notebook.name} finished (interrupted, or out of memory)",
+                            hint=f"the cells that ran are in {executed}") from None
     nbformat.write(nb, executed)
     return executed
 
