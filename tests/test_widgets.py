@@ -155,6 +155,7 @@ def test_per_variable_overrides_through_the_view(view, planner, profile):
     (dict(latency_s=-1.0), ["latency", "-1"]),
     (dict(architecture="star"), ["architecture", "star"]),
     (dict(machines="eight"), ["machines", "eight"]),
+    (dict(local_aggregation="no"), ["local_aggregation", "no"]),
 ])
 def test_invalid_input_shows_an_error_and_keeps_the_last_plan(view, planner, change, words):
     before_plan, before_estimate, before_table = planner.plan, planner.estimate, view.table.value
@@ -173,7 +174,8 @@ def test_invalid_input_shows_an_error_and_keeps_the_last_plan(view, planner, cha
     assert view.table.value == before_table
     with pytest.raises(ParallaxError):
         planner.check()
-    planner.set(machines=8, workers_per_machine=6, bandwidth="10Gbit/s", latency_s=25e-6, architecture="auto")
+    planner.set(machines=8, workers_per_machine=6, bandwidth="10Gbit/s", latency_s=25e-6, architecture="auto",
+                local_aggregation=True)
     assert planner.ok and view.error.value == "" and view.error.layout.display == "none"
 
 

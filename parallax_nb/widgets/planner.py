@@ -75,6 +75,13 @@ def _as_int(name: str, value: Any) -> int:
     raise ConfigError(f"{name} must be a whole number, got {value!r}", hint=f"type {name} like 8")
 
 
+def _as_bool(name: str, value: Any) -> bool:
+    """True/False (or 1/0); a string such as ``"false"`` would be truthy, so it is an error."""
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
 def _as_bandwidth_text(value: Any) -> Any:
     return value.strip() if isinstance(value, str) else value
 
@@ -89,7 +96,7 @@ def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
         workers_per_machine=_as_int("workers per machine", inputs.workers_per_machine),
         bandwidth=_as_bandwidth_text(inputs.bandwidth),
         latency_s=inputs.latency_s,
-        local_aggregation=bool(inputs.local_aggregation),
+        local_aggregation=_as_bool("local_aggregation", inputs.local_aggregation),
     )
     architecture = Architecture.parse(inputs.architecture)
     known = set(profile.names)
