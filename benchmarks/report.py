@@ -109,7 +109,9 @@ def targets(settings: list[dict]) -> list[dict]:
             ratio >= TARGETS["sparse_bytes_ratio"],
             f"total bytes {_ratio(hv['accounted'], hy['accounted']):.2f}x accounted, "
             f"{_ratio(hv['kernel'], hy['kernel']):.2f}x kernel; cost model AR/HYBRID "
-            f"{_ratio(lm4['prediction']['ar'], lm4['prediction']['hybrid']):.2f}x")
+            f"{_ratio(lm4['prediction']['ar'], lm4['prediction']['hybrid']):.2f}x total, "
+            f"{_ratio(lm4['prediction']['sparse']['ar'], lm4['prediction']['sparse']['hybrid']):.2f}x sparse "
+            f"(Horovod also ships duplicate rows)")
     else:
         add("LM 4 ranks: Horovod / HYBRID bytes on sparse variables >= 1.8x", None, None)
     if hy:
@@ -178,12 +180,34 @@ def render_setting(setting: dict) -> str:
     return "\n".join(lines)
 
 
+def scaling_lines(settings: list[dict]) -> list[str]:
+    """One line per workload and network kind with two or more rank counts."""
+    groups: dict = {}
+    for s in settings:
+        hy, hv = _row(s, "hybrid"), _row(s, "horovod")
+        if hy and hv:
+            kind = "loopback" if s["bandwidth"] is None else s["bandwidth"]
+            groups.setdefault((s["workload"], kind), []).append(
+                (s["ranks"], s["network"], _ratio(hy["examples_per_s"], hv["examples_per_s"]),
+                 _ratio(hv["accounted"], hy["accounted"])))
+    lines = []
+    for (workload, kind), points in groups.items():
+        if len(points) > 1:
+            points.sort()
+            lines.append(f"  {workload.upper()} {kind}: " + ", ".join(
+                f"N={n} ({net}) {t:.2f}x; {b:.2f}x" for n, net, t, b in points))
+    return lines
+
+
 def render(doc: dict) -> str:
     out = [f"bench_comm on {doc['machine']}; schedule: {doc['schedule']['warmup']} warm-up steps, "
            f"median of {doc['schedule']['repeats']} windows x {doc['schedule']['steps']} steps; "
            f"total wall {doc['wall_s'] / 60:.1f} min", f"command: {doc['command']}", ""]
     for s in doc["settings"]:
         out += [render_setting(s), ""]
+    scaling = scaling_lines(doc["settings"])
+    if scaling:
+        out += ["HYBRID vs plain Horovod as N grows (throughput ratio; bytes per rank ratio):", *scaling, ""]
     out.append("Targets (issue 8):")
     for t in doc["targets"]:
         value = "-" if t["value"] is None else (f"{100 * t['value']:+.1f}%" if "within 5%" in t["target"]
