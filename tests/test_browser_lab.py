@@ -27,9 +27,9 @@ NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
-RUN_ALL_TIMEOUT_S = 200
+RUN_ALL_TIMEOUT_S = 240
 
-pytestmark = [pytest.mark.browser, pytest.mark.notebook, pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.browser, pytest.mark.notebook, pytest.mark.cluster, pytest.mark.timeout(360)]
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 if not os.path.exists(CHROMIUM):
@@ -68,6 +68,7 @@ class Lab:
     def __init__(self, root: pathlib.Path, log_path: pathlib.Path):
         self.port = _free_port()
         self.token = secrets.token_hex(16)
+        self.marker = secrets.token_hex(8)     # in the environment of every process this server starts
         self.root = root
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
@@ -75,6 +76,7 @@ class Lab:
         env["JUPYTER_RUNTIME_DIR"] = str(root / ".runtime")
         env["JUPYTERLAB_WORKSPACES_DIR"] = str(root / ".workspaces")
         env["PARALLAX_QUICKSTART_REPORT"] = str(root / "quickstart_report.html")
+        env["PARALLAX_TEST_MARKER"] = self.marker
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.log = open(log_path, "w")
         self.process = subprocess.Popen(
@@ -121,6 +123,34 @@ class Lab:
                     self.process.wait(timeout=10)
         self.log.close()
 
+    def leftovers(self, within_s: float = 30.0) -> list[str]:
+        """Processes started by this server (kernel, controller, engines) still alive after ``within_s``."""
+        import psutil
+
+        def marked():
+            found = []
+            for p in psutil.process_iter(["pid"]):
+                try:
+                    if p.environ().get("PARALLAX_TEST_MARKER") == self.marker:
+                        found.append(p)
+                except (psutil.Error, OSError):
+                    continue
+            return found
+
+        deadline = time.monotonic() + within_s
+        left = marked()
+        while left and time.monotonic() < deadline:
+            time.sleep(1.0)
+            left = marked()
+        description = []
+        for p in left:          # ours (they carry this server's marker): do not leak them
+            try:
+                description.append(f"{p.pid} {' '.join(p.cmdline())[:100]}")
+                p.kill()
+            except psutil.Error:
+                pass
+        return description
+
 
 # JavaScript run in the page, against the app that --LabApp.expose_app_in_browser puts on window.
 JS_NOTEBOOK_READY = """() => {
@@ -158,6 +188,8 @@ def lab(tmp_path_factory, test_output_dir):
         yield server
     finally:
         server.stop()
+    left = server.leftovers()
+    assert not left, f"processes left running after JupyterLab shut down: {left}"
 
 
 def test_quickstart_runs_in_jupyterlab(lab, test_output_dir):
