@@ -112,6 +112,44 @@ def write_plans(profile: Profile, spec: ClusterSpec, workdir: str, tag: str) -> 
     return paths
 
 
+class StallWatchdog:
+    """Kills an mpirun process group when no configuration finishes within ``timeout_s``.
+
+    A configuration that deadlocks (a rank waiting in a collective the others never join)
+    would otherwise hold the whole benchmark; the driver then marks it FAILED and relaunches
+    the remaining configurations.
+    """
+
+    def __init__(self, proc: subprocess.Popen, timeout_s: float):
+        import threading
+
+        self.proc, self.timeout_s = proc, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.fired = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def progress(self) -> None:
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def _watch(self) -> None:
+        while not self._done.wait(1.0):
+            if time.monotonic() > self.deadline and self.proc.poll() is None:
+                self.fired = True
+                try:
+                    os.killpg(self.proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                return
+
+    def stop(self) -> bool:
+        """Stop watching; True when the watchdog killed the launch."""
+        self._done.set()
+        self._thread.join()
+        return self.fired
+
+
 def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwidth: str | None,
            workdir: str, tag: str, timeout_s: float) -> dict:
     """Run ``configs`` on an emulated cluster; relaunch after a failing configuration.
@@ -136,19 +174,15 @@ def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwid
                 log.flush()
                 proc = subprocess.Popen(cmd, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True, start_new_session=True)
-                deadline = time.monotonic() + timeout_s
+                watchdog = StallWatchdog(proc, timeout_s)
                 for line in proc.stdout:
                     log.write(line)
                     if "[bench]" in line:
+                        watchdog.progress()
                         print("   ", line.split("[bench]", 1)[1].strip(), flush=True)
-                    if time.monotonic() > deadline:
-                        break
-                try:
-                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, 9)
-                    proc.wait()
-                    log.write(f"\n[driver] killed after {timeout_s:.0f} s\n")
+                proc.wait()
+                if watchdog.stop():
+                    log.write(f"\n[driver] killed: no configuration finished within {timeout_s:.0f} s\n")
         done = {}
         if os.path.exists(results_path):
             with open(results_path) as f:
@@ -157,7 +191,8 @@ def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwid
         remaining = [c for c in remaining if c["name"] not in done and c["name"] not in errors]
         if remaining and proc.returncode != 0:
             failed = remaining.pop(0)
-            errors[failed["name"]] = f"launch exited {proc.returncode}; see {log_path}"
+            errors[failed["name"]] = (f"no progress in {timeout_s:.0f} s, killed (a hang); see {log_path}"
+                                      if watchdog.fired else f"launch exited {proc.returncode}; see {log_path}")
             print(f"    {failed['name']}: FAILED (exit {proc.returncode}, log {log_path})", flush=True)
         elif remaining and len(remaining) == before:
             break
@@ -259,7 +294,8 @@ def main(argv=None) -> int:
                         help="steps per window (after 1 warm-up step) for horovod_sad, whose densified "
                              "tables make each step slow (0: the common schedule)")
     parser.add_argument("--profile-steps", type=int, default=10)
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per mpirun launch")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="seconds a configuration may take (incl. start-up) before it is killed as hung")
     parser.add_argument("--quick", action="store_true", help="tiny workloads: check the harness in a minute")
     parser.add_argument("--json", metavar="PATH", help="write all results here")
     parser.add_argument("--readme", metavar="PATH", nargs="?", const=os.path.join(HERE, "README.md"),
