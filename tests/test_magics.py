@@ -5,6 +5,8 @@ runs real TensorFlow and two real MPI engines once.
 """
 import os
 import re
+import signal
+import threading
 
 import psutil
 import pytest
@@ -97,12 +99,18 @@ def test_journey_profile_plan_run_report_cluster(shell, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2/2 engines alive" in out and "controller on 127.0.0.1" in out and "(reused)" in out
 
-    assert "--plan my_planner is a hybrid plan but --arch is ar" in _usage_error(
-        shell, "run job --plan my_planner --arch ar --steps 2")
-    shell.run_line_magic("parallax", "run job --engines 2 --steps 3 --arch hybrid -o r")
+    assert "--plan my_planner is a hybrid plan but --arch is ps" in _usage_error(
+        shell, "run job --plan my_planner --arch ps --steps 2")
+    # a run that hangs is interrupted like Ctrl-C in a cell (Run.wait stops the engines)
+    guard = threading.Timer(300, os.kill, (os.getpid(), signal.SIGINT))
+    guard.start()
+    try:
+        shell.run_line_magic("parallax", "run job --engines 2 --steps 3 --arch ar -o r")
+    finally:
+        guard.cancel()
     run = shell.user_ns["r"]
     assert run.status == "done" and run.steps_done == 3 and len(run.history) == 3
-    assert run.summary()["architecture"] == "hybrid" and run.summary()["ranks"] == 2
+    assert run.summary()["architecture"] == "ar" and run.summary()["ranks"] == 2
     assert run.predicted_bytes_by_variable()          # planned for 2 engines from the profile
 
     shell.run_line_magic("parallax", f"report {tmp_path / 'with_run.html'} --title 'tiny <LM>'")

@@ -311,22 +311,42 @@ class Cluster:
         except Exception:
             return ""
 
-    def _wait_for_engines(self, old_ids: frozenset = frozenset()) -> None:
-        """Wait until ``n`` engines not in ``old_ids`` registered; learn their MPI ranks."""
+    def _wait_for_engines(self, old_pids: frozenset = frozenset()) -> None:
+        """Wait until ``n`` engines whose pids are not in ``old_pids`` answer; learn their ranks.
+
+        Engine ids are not proof of freshness: a restarted engine set may register under the
+        ids of the set it replaces, while a dead engine may stay registered until its
+        heartbeats time out. So every registered engine is asked who it is (rank, host, pid)
+        and only new processes count.
+        """
+        from .engine import engine_identity
+
         deadline = time.monotonic() + self.engine_timeout_s
-        while len(set(self._client.ids) - old_ids) < self.n:
+        asked: dict = {}
+        fresh: dict[int, EngineInfo] = {}
+        while True:
+            for engine_id in self._client.ids:
+                if engine_id not in asked and engine_id not in fresh:
+                    asked[engine_id] = self._client[engine_id].apply_async(engine_identity)
+            for engine_id, ar in list(asked.items()):
+                if ar.ready():
+                    del asked[engine_id]
+                    try:
+                        d = ar.get(0)
+                    except Exception:
+                        continue
+                    if d["pid"] not in old_pids:
+                        fresh[engine_id] = EngineInfo(engine_id=engine_id, rank=d["rank"], host=d["host"],
+                                                      pid=d["pid"])
+            if len(fresh) >= self.n:
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(set(self._client.ids) - old_ids)} of {self.n} engines "
-                                   f"registered within {self.engine_timeout_s:g} s")
+                raise TimeoutError(f"only {len(fresh)} of {self.n} engines registered and answered "
+                                   f"within {self.engine_timeout_s:g} s")
             if self._ipp.engines and not any(es.running for es in self._ipp.engines.values()):
                 raise RuntimeError("mpiexec exited before the engines registered")
             time.sleep(0.1)
-        ids = sorted(set(self._client.ids) - old_ids)[-self.n:]
-        from .engine import engine_identity
-
-        infos = self._client[ids].apply_async(engine_identity).get(timeout=self.engine_timeout_s)
-        self._engines = tuple(sorted((EngineInfo(engine_id=i, rank=d["rank"], host=d["host"], pid=d["pid"])
-                                      for i, d in zip(ids, infos)), key=lambda e: e.rank))
+        self._engines = tuple(sorted(fresh.values(), key=lambda e: e.rank))[: self.n]
         ranks = [e.rank for e in self._engines]
         if ranks != list(range(self.n)):
             raise SetupError(f"engines are not one MPI world: ranks {ranks}, expected 0..{self.n - 1}",
@@ -334,11 +354,12 @@ class Cluster:
 
     def _restart_engines(self) -> None:
         """Stop the engines' mpiexec (killing stuck ranks) and start a fresh set of engines."""
-        old_ids = frozenset(self._client.ids) | frozenset(e.engine_id for e in self._engines)
+        old_pids = frozenset(e.pid for e in self._engines)
         self._ipp.stop_engines_sync()
+        _terminate(_descendants(list(old_pids)), grace_s=3.0)   # ranks stuck in a collective
         self._engines = ()
         self._ipp.start_engines_sync(self.n)
-        self._wait_for_engines(old_ids)
+        self._wait_for_engines(old_pids)
         make_private(self._ipp.profile_dir)
         self._arm_reaper()
 

@@ -330,8 +330,12 @@ class Run:
                 f"{self.elapsed_s:.1f} s; {self.message}>")
 
     def _ipython_display_(self):
+        """A live RunView, unless one is already shown (``px.run`` displays one): then a line."""
         from IPython.display import display
 
+        if self._observers:
+            display({"text/plain": repr(self)}, raw=True)
+            return
         from ..widgets.run_view import RunView
 
         display(RunView(self))
