@@ -159,7 +159,23 @@ class RunController:
         self.run.finish(summary=rank0.get("summary"), weights=rank0.get("weights"),
                         weight_names=rank0.get("weight_names"), history=rank0.get("history"), stopped=stopped)
 
+    def _forget_results(self) -> None:
+        """Drop this run's results and streamed records from the Client's memory (they are in
+        the Run now), so hundreds of runs on one cluster do not grow the notebook's memory."""
+        try:
+            msg_ids = [m for ar in self.async_results for m in ar.msg_ids]
+            self.cluster.client.purge_local_results(jobs=msg_ids)
+        except Exception:
+            pass
+
     def _watch(self) -> None:
+        try:
+            self._watch_until_finished()
+        finally:
+            if all(ar.ready() for ar in self.async_results):
+                self._forget_results()
+
+    def _watch_until_finished(self) -> None:
         try:
             self.run.set_status(RUNNING, "running")
             while True:
