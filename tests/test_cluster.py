@@ -295,3 +295,18 @@ def _wait_for_steps(the_run, steps, timeout=120):
     while the_run.steps_done < steps and not the_run.done and time.monotonic() < deadline:
         time.sleep(0.05)
     assert the_run.steps_done >= steps, the_run
+
+
+def test_failure_reports_name_the_rank():
+    """How a dead engine's rank is found in mpiexec's output: the runtime's own report first,
+    then Open MPI's signal or exit-code lines."""
+    from parallax_nb.cluster.dispatch import _mpi_exit_culprit, _rank_report
+
+    runtime = ("[parallax_nb] rank 1 failed:\nTraceback (most recent call last):\n  File \"t.py\", line 1\n"
+               "parallax_nb.errors.DistributedError: rank 1: step 3 did not finish within 5 s\n  -> hint\n")
+    assert _rank_report(runtime) == (1, "parallax_nb.errors.DistributedError: rank 1: step 3 did not finish within 5 s")
+    signal_line = "mpiexec noticed that process rank 1 with PID 42 on node vm exited on signal 9 (Killed)."
+    assert _mpi_exit_culprit(signal_line) == (1, "killed by signal 9 (SIGKILL)")
+    exit_code = "  Process name: [[5123,1],0]\n  Exit code:    3\n"
+    assert _mpi_exit_culprit(exit_code) == (0, "exit code 3")
+    assert _rank_report("nothing here") is None and _mpi_exit_culprit("") is None

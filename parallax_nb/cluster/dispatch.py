@@ -125,7 +125,8 @@ class RunController:
             remote_tb = "".join(traceback.format_exception(exc))
         message = f"rank {rank} (engine {engine_id} on host {host}) failed: {ename}: {evalue}"
         if ename == "EngineError":
-            culprit = _mpi_exit_culprit(self._mpi_output or self.cluster._engine_output())
+            output = self._mpi_output or self.cluster._engine_output()
+            culprit = _rank_report(output) or _mpi_exit_culprit(output)
             if culprit is not None:
                 rank, how = culprit
                 engine_id, host = self.engine_ids[rank], self.hosts[rank]
@@ -217,11 +218,29 @@ class RunController:
 _MPI_EXIT = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
+_RANK_REPORT = re.compile(r"\[parallax_nb\] rank (\d+) failed:\n(.*?)(?=\n\[parallax_nb\] rank|\Z)", re.S)
+
+
+def _rank_report(output: str) -> tuple[int, str] | None:
+    """(rank, last line of its error) from the runtime's own report of a rank that gave up
+    (``launch.report_rank_failure``, e.g. a step past ``step_timeout_s``), if any."""
+    m = _RANK_REPORT.search(output or "")
+    if not m:
+        return None
+    exception_lines = [line.strip() for line in m.group(2).splitlines()
+                       if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line)]
+    return int(m.group(1)), (exception_lines[0] if exception_lines else "failed")
+
+
+_MPI_EXIT_CODE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
+
+
 def _mpi_exit_culprit(output: str) -> tuple[int, str] | None:
     """(rank, "killed by signal N (NAME)") from Open MPI's report of the rank that died first."""
     m = _MPI_EXIT.search(output or "")
     if not m:
-        return None
+        code = _MPI_EXIT_CODE.search(output or "")
+        return (int(code.group(1)), f"exit code {code.group(2)}") if code else None
     import signal
 
     number = int(m.group(3))
