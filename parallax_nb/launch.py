@@ -184,7 +184,8 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         cmd = mpirun_command(np, [sys.executable, "-m", "parallax_nb.launch", "rank", payload, workdir],
                              hostfile=hostfile)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=rank_environment(env), start_new_session=True)
+                                env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}),
+                                start_new_session=True)
         pump = _OutputPump(proc.stdout, echo)
         pump.start()
         timed_out = False

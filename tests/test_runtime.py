@@ -55,7 +55,7 @@ def two_rank_runs(tmp_path_factory):
                    copy_checkpoint=(str(ckpt / "full" / "ckpt-00000010"), str(ckpt / "resumed" / "ckpt-00000010")))
     cases.append(resumed)
     start = time.perf_counter()
-    per_rank = run_on_ranks(runtime_cases.run_cases, 2, args=(cases,), timeout_s=900)
+    per_rank = run_on_ranks(runtime_cases.run_cases, 2, args=(cases,), timeout_s=1500)
     print(f"\n2-rank launch of {len(cases)} cases: {time.perf_counter() - start:.1f} s")
     return cases, per_rank
 
@@ -68,7 +68,7 @@ def three_rank_runs():
              dict(workload="recommender", architecture="hybrid", optimizer="adam", steps=STEPS, partitions=3),
              dict(workload="lm", architecture="ar", optimizer="sgd", steps=STEPS)]
     start = time.perf_counter()
-    per_rank = run_on_ranks(runtime_cases.run_cases, 3, args=(cases,), timeout_s=900)
+    per_rank = run_on_ranks(runtime_cases.run_cases, 3, args=(cases,), timeout_s=1500)
     print(f"\n3-rank launch of {len(cases)} cases: {time.perf_counter() - start:.1f} s")
     return cases, per_rank
 

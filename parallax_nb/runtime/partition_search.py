@@ -69,7 +69,7 @@ def default_candidates(ranks: int, max_rows: int) -> list[int]:
     return values[:4] if len(values) >= 3 else values
 
 
-def search_partitions(job, plan, candidates=None, steps: int = 6, warmup: int = 2) -> PartitionSearch:
+def search_partitions(job, plan, candidates=None, steps: int = 4, warmup: int = 1) -> PartitionSearch:
     """Measure the step time at each partition count (every PS variable split into P) and fit.
 
     Collective: call on every rank with the same arguments. ``steps`` timed steps follow

@@ -56,6 +56,16 @@ class ShardedVariable:
         self.owned = partitioning.owned_by(rank)
         self.parts = [keras.Variable(initial_parts[p], name=shard_variable_name(name, p), trainable=True,
                                      dtype=self.dtype.name) for p in self.owned]
+        # A rank that owns no partition (P < N) still serves its (empty) share of every lookup
+        # from a 0-row variable, so that its backward pass runs the row-gradient alltoall too.
+        self.anchor = None if self.parts else keras.Variable(
+            np.zeros((0,) + self.row_shape, self.dtype.as_numpy_dtype), name=f"px_anchor__{name.replace('/', '__')}",
+            trainable=True, dtype=self.dtype.name)
+
+    @property
+    def tape_variables(self) -> list:
+        """What the backward pass differentiates on this rank (the anchor when nothing is owned)."""
+        return list(self.parts) if self.parts else [self.anchor]
 
     @property
     def row_bytes(self) -> int:
@@ -68,9 +78,9 @@ class ShardedVariable:
     def local_rows(self, ids: tf.Tensor) -> tf.Tensor:
         """Rows ``ids`` (global ids, all owned by this rank) from this rank's partitions."""
         P, N = self.partitioning.partitions, self.partitioning.ranks
-        if not self.parts:
-            return tf.zeros(tf.concat([tf.shape(ids)[:1], tf.constant(self.row_shape, tf.int32)], 0), self.dtype)
         local = ids // P
+        if not self.parts:
+            return tf.gather(self.anchor.value, local)  # ids is empty: nobody asks a rank that owns nothing
         if len(self.parts) == 1:
             return tf.gather(self.parts[0].value, local)
         which = tf.cast((ids % P - self.rank) // N, tf.int32)

@@ -60,7 +60,7 @@ class VariableSync:
     def tape_variables(self) -> list:
         """What the tape differentiates: the owned partitions of a PS sparse variable (the
         model variable itself is never read), the model variable otherwise."""
-        return list(self.shard.parts) if self.ps_sparse else [self.variable]
+        return self.shard.tape_variables if self.ps_sparse else [self.variable]
 
     @property
     def optimizer_variables(self) -> list:
@@ -104,6 +104,7 @@ class GradientExchange:
         self.ranks = ranks
         self.rank = rank
         self.ledger = ledger
+        self._pushed: dict[str, tf.Tensor] = {}
 
     def exchange(self, grads_by_sync: list[list]) -> list[tuple]:
         hvd, N = self.hvd, self.ranks
@@ -175,6 +176,7 @@ class GradientExchange:
             summed = tf.reduce_sum(tf.reshape(received, [N, mine]), 0)
         else:
             summed = tf.concat(flat_by_owner, 0)
+        self._pushed[sync.name] = summed
         itemsize = grad.dtype.size
         total = sum(splits)
         self.ledger.add(sync.name, (total - mine) * itemsize, (N - 1) * mine * itemsize)
@@ -195,9 +197,18 @@ class GradientExchange:
             shard, part = sync.shard, sync.shard.partitioning
             row = int(np.prod(shard.row_shape))
             mine = [tf.reshape(v.value, [-1]) for v in shard.parts]
-            own = tf.concat(mine, 0) if mine else tf.zeros([0], shard.dtype)
-            everything = (hvd.allgather(own, name=f"px_pull_{op_tag(sync.name)}", ignore_name_scope=True)
-                          if N > 1 else own)
+            # a rank that owns nothing sends the (empty) result of its push: a constant here would
+            # let the pull start before the step's other collectives and stall them (seen with
+            # Horovod 0.28: a rank sitting in the pull never submitted its lookups)
+            own = tf.concat(mine, 0) if mine else self._pushed.get(sync.name, tf.zeros([0], shard.dtype))
+            own_size = sum(part.rows_in(p) for p in shard.owned) * row
+            if N > 1:
+                # an allgather written as alltoall (own block to every rank): Horovod's allgather
+                # stalled here when a rank that owns no partition contributed an empty block
+                everything, _ = hvd.alltoall(tf.tile(own, [N]), splits=tf.constant([own_size] * N, tf.int32),
+                                             name=f"px_pull_{op_tag(sync.name)}", ignore_name_scope=True)
+            else:
+                everything = own
             order = part.owner_order()
             sizes = [part.rows_in(p) * row for p in order]
             pieces = tf.split(everything, sizes) if len(sizes) > 1 else [everything]
