@@ -40,6 +40,7 @@ _EXPORTS = {
     "Planner": ("parallax_nb.widgets", "Planner"),
     "run": ("parallax_nb.cluster", "run"),
     "Cluster": ("parallax_nb.cluster", "Cluster"),
+    "Run": ("parallax_nb.cluster", "Run"),
     "report": ("parallax_nb.report", "report"),
     "Report": ("parallax_nb.report", "Report"),
     "workloads": ("parallax_nb.workloads", None),
