@@ -1,0 +1,161 @@
+"""Soak test: many consecutive short runs on one cluster must not leak (issue 9).
+
+    python benchmarks/soak.py                 # 200 runs of the tiny LM, 2 engines, 2 steps each
+    python benchmarks/soak.py --runs 20       # shorter
+    python benchmarks/soak.py --json soak.json
+
+One :class:`parallax_nb.cluster.Cluster` of 2 MPI engines is started once; after ``--warmup``
+runs (the first run imports TensorFlow on the engines and traces the step, which is not a
+leak), the resources below are measured, ``--runs`` more runs are made with
+``px.run(job, plan, steps=2)``, and the resources are measured again:
+
+* processes: this process's descendants (controller and its schedulers, mpiexec, engines,
+  nannies) and its own threads;
+* open files: file descriptors (files, sockets, pipes) of the client (this process) and of
+  the engines (sum);
+* memory: resident set size (RSS) of the client and of the engines (sum), in MiB.
+
+Growth = (end - start) / start. The script exits 1 when any figure grew by more than
+``--tolerance`` (default 10 %) or a run did not finish, else 0. Not part of the test suite:
+it takes ~10-20 minutes for 200 runs on a 2-core laptop.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+
+
+def measure(cluster) -> dict:
+    """Processes, open file descriptors and RSS (MiB) of the client and the engines now."""
+    import psutil
+
+    gc.collect()
+    me = psutil.Process()
+    descendants = [p for p in me.children(recursive=True) if _alive(p)]
+    engines = [psutil.Process(e.pid) for e in cluster.engines]
+    mib = 1024.0 * 1024.0
+    return {
+        "processes": len(descendants),
+        "client_threads": me.num_threads(),
+        "client_open_fds": me.num_fds(),
+        "engine_open_fds": sum(p.num_fds() for p in engines),
+        "client_rss_mib": me.memory_info().rss / mib,
+        "engine_rss_mib": sum(p.memory_info().rss for p in engines) / mib,
+    }
+
+
+def _alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def one_run(job, plan, cluster, steps: int, timeout_s: float) -> float:
+    """One short run; its wall time in seconds. Raises when it fails or does not finish."""
+    from parallax_nb.cluster import run
+
+    start = time.perf_counter()
+    the_run = run(job, plan, engines=cluster.n, steps=steps, cluster=cluster, display=False, wait=False)
+    the_run.wait(timeout=timeout_s, raise_on_error=False)
+    if not the_run.done:
+        the_run._controller.abort("soak: run did not finish in time")
+        the_run.wait(timeout=60, raise_on_error=False)
+        raise RuntimeError(f"run did not finish within {timeout_s:g} s: {the_run}")
+    if the_run.status != "done":
+        raise RuntimeError(f"run ended {the_run.status}: {the_run.message}")
+    return time.perf_counter() - start
+
+
+def growth_table(start: dict, end: dict, tolerance: float) -> tuple[str, list[str]]:
+    lines = [f"{'figure':<18} {'start':>10} {'end':>10} {'growth':>8}"]
+    over = []
+    for key in start:
+        a, b = start[key], end[key]
+        growth = (b - a) / a if a else (0.0 if b == a else float("inf"))
+        flag = "  <-- over" if growth > tolerance else ""
+        lines.append(f"{key:<18} {a:>10.1f} {b:>10.1f} {100 * growth:>+7.1f}%{flag}")
+        if growth > tolerance:
+            over.append(key)
+    return "\n".join(lines), over
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200, help="measured runs (default 200)")
+    parser.add_argument("--warmup", type=int, default=3, help="runs before the first measurement (default 3)")
+    parser.add_argument("--steps", type=int, default=2, help="steps per run (default 2)")
+    parser.add_argument("--engines", type=int, default=2, help="MPI engines (default 2)")
+    parser.add_argument("--arch", default="ar", choices=["ar", "ps", "hybrid"],
+                        help="plan of the tiny LM (default ar; the soak is about the dispatcher and cluster)")
+    parser.add_argument("--tolerance", type=float, default=0.10, help="allowed growth (default 0.10 = 10%%)")
+    parser.add_argument("--run-timeout", type=float, default=300.0, help="seconds one run may take")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.warmup < 1 or args.steps < 1 or args.engines < 1:
+        parser.error("--runs, --warmup, --steps and --engines must be >= 1")
+
+    from parallax_nb.cluster import Cluster
+    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.workloads import lm_job
+
+    job = lm_job("tiny")
+    plan = default_plan(job, args.arch)
+    cluster = Cluster(n=args.engines)
+    t0 = time.perf_counter()
+    cluster.start()
+    print(f"soak: cluster of {args.engines} engines started in {time.perf_counter() - t0:.1f} s", flush=True)
+    status = 0
+    try:
+        for _ in range(args.warmup):
+            one_run(job, plan, cluster, args.steps, args.run_timeout)
+        engines_before = [e.pid for e in cluster.engines]
+        start = measure(cluster)
+        times = []
+        t_runs = time.perf_counter()
+        for i in range(args.runs):
+            times.append(one_run(job, plan, cluster, args.steps, args.run_timeout))
+            if (i + 1) % max(1, args.runs // 10) == 0:
+                now = measure(cluster)
+                print(f"  run {i + 1:>4}/{args.runs}: {times[-1]:.2f} s; processes {now['processes']}, "
+                      f"fds client {now['client_open_fds']} engines {now['engine_open_fds']}, RSS client "
+                      f"{now['client_rss_mib']:.0f} MiB engines {now['engine_rss_mib']:.0f} MiB", flush=True)
+        end = measure(cluster)
+        table, over = growth_table(start, end, args.tolerance)
+        same_engines = [e.pid for e in cluster.engines] == engines_before
+        print(f"\nsoak: {args.runs} runs of {args.steps} steps ({args.arch}) in {time.perf_counter() - t_runs:.0f} s, "
+              f"median {statistics.median(times):.2f} s per run; engines never restarted: {same_engines}")
+        print(table)
+        if over or not same_engines:
+            print(f"soak: FAILED: grew by more than {100 * args.tolerance:g}%: {over}"
+                  + ("" if same_engines else "; engines were restarted"))
+            status = 1
+        else:
+            print(f"soak: OK: nothing grew by more than {100 * args.tolerance:g}%")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"runs": args.runs, "steps": args.steps, "arch": args.arch, "start": start, "end": end,
+                           "median_run_s": statistics.median(times), "over": over,
+                           "engines_restarted": not same_engines}, f, indent=2)
+    except Exception as e:  # noqa: BLE001 - report and fail
+        print(f"soak: FAILED: {type(e).__name__}: {e}")
+        status = 1
+    finally:
+        cluster.stop()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
