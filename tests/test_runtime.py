@@ -192,6 +192,7 @@ def test_bytes_match_cost_model(launch, request):
     cases, per_rank = request.getfixturevalue(launch)
     ranks = len(per_rank)
     lines = []
+    compared = 0
     for i, case in enumerate(cases):
         if case.get("resume"):
             continue
@@ -213,11 +214,17 @@ def test_bytes_match_cost_model(launch, request):
             else:
                 expected = cost.allreduce_bytes(size, ranks)
             measured = _measured(per_rank[0][i], name)
-            error = abs(measured - expected) / expected
-            lines.append(f"{_case_id(case)} {name} {info['method']}/{info['kind']}: measured {measured:.0f} "
-                         f"model {expected:.0f} ({100 * error:+.2f}%)")
-            assert error < 0.05, lines[-1]
+            error = (measured - expected) / expected
+            # the model assumes every owner holds 1/N of the rows: only then is the PS figure compared
+            even = not (info["method"] == "ps" and info["kind"] == "sparse") or info["partitions"] % ranks == 0
+            lines.append(f"{_case_id(case)} {name} {info['method']}/{info['kind']} P={info['partitions']}: "
+                         f"measured {measured:.0f} model {expected:.0f} ({100 * error:+.2f}%)"
+                         + ("" if even else " [uneven ownership: not compared]"))
+            if even:
+                compared += 1
+                assert abs(error) < 0.05, "\n".join(lines)
     print("\n" + "\n".join(lines))
+    assert compared >= 5
 
 
 def test_resume_equals_uninterrupted(two_rank_runs):

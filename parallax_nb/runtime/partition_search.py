@@ -63,8 +63,8 @@ def fit_partition_model(points) -> PartitionSearch:
 
 
 def default_candidates(ranks: int, max_rows: int) -> list[int]:
-    """1, N, 2N and 4N partitions (at most ``max_rows``): three or four points to fit."""
-    values = sorted({1, ranks, 2 * ranks, 4 * ranks, 2, 3})
+    """N, 2N, 3N and 4N partitions (at most ``max_rows``): every rank owns a partition."""
+    values = sorted({ranks, 2 * ranks, 3 * ranks, 4 * ranks})
     values = [v for v in values if v <= max_rows]
     return values[:4] if len(values) >= 3 else values
 

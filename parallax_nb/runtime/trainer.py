@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops
-from ..errors import DistributedError, PlanError
+from ..errors import DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
@@ -126,11 +126,58 @@ class Trainer:
         return next(iter(self.job.dataset(self.rank, self.ranks).take(1)))
 
     def _probe_lookups(self) -> None:
-        x, _ = self._first_batch()
+        """One local forward pass on the first batch (:meth:`_first_batch_problem`) records which
+        variables are read through ``embedding_lookup``; the batch is checked on the way."""
+        self._check_first_batch()
+
+    def _first_batch_problem(self):
+        """(first batch x or None, its shapes, what is wrong with this rank's data or None).
+
+        Wrong: a shard with fewer examples than ``batch_size`` (more ranks than the data has
+        shards of a batch), float data for integer (id) inputs, negative ids, ids out of a
+        table's range (a local forward pass, as the profiler does), or a batch the model
+        cannot take."""
+        from ..profile import checks
+
+        b = self.job.batch_size
+        examples = sum(1 for _ in self.job.examples(self.rank, self.ranks).take(b))
+        if examples < b:
+            return None, None, (f"shard {self.rank} of {self.ranks} has {examples} example(s), fewer than "
+                                f"batch_size={b}: the data has fewer examples than ranks x batch_size "
+                                f"({self.ranks} x {b} = {self.ranks * b})")
+        x, y = self._first_batch()
+        shapes = checks.describe((x, y))
         recorder = RecordingRouter()
-        with ops.route_lookups(recorder):
-            self.model(x, training=False)
-        self.routed |= recorder.paths
+        try:
+            checks.check_inputs_fit(self.model, x)
+            checks.check_no_negative_ids(x, step=1)
+            with ops.route_lookups(recorder):
+                self.model(x, training=False)
+            self.routed |= recorder.paths
+        except ParallaxError as e:
+            return x, shapes, e.message
+        except Exception as e:  # noqa: BLE001 - a batch the model cannot take, in the user's terms
+            return x, shapes, checks.step_error(e, self.model, x, 1).message
+        return x, shapes, None
+
+    def _check_first_batch(self):
+        """Refuse bad data on every rank alike, before the first collective of a step: each rank
+        checks its first batch, the findings are allgathered, and every rank raises the same
+        :class:`JobError` (one rank failing alone would leave the others blocked in a collective).
+        Batches whose shapes or dtypes differ between ranks are refused too: ranks must form
+        one global batch. Returns this rank's first batch x."""
+        x, shapes, problem = self._first_batch_problem()
+        seen = [(problem, shapes)]
+        if self.ranks > 1:
+            seen = self.hvd.allgather_object((problem, shapes), name="px_check_first_batch")
+        hint = "fix the data function: every shard yields (x, y) examples of the model's input shapes and dtypes"
+        if len({s for _, s in seen if s is not None}) > 1:
+            raise JobError("the data function gives batches of different shapes on different ranks: "
+                           + "; ".join(f"rank {r}: {s}" for r, (_, s) in enumerate(seen)), hint=hint)
+        for rank, (bad, _) in enumerate(seen):
+            if bad:
+                raise JobError(f"bad data on rank {rank}: {bad}", hint=hint)
+        return x
 
     def _variable_sync(self, variable, partitions: int | None) -> VariableSync:
         name = variable.path
@@ -141,6 +188,10 @@ class Trainer:
                 kind = Kind.DENSE  # gathered outside embedding_lookup: cannot be served by rows
             rows = int(variable.shape[0]) if len(variable.shape) else 1
             parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
+            if kind is Kind.SPARSE:
+                # every rank serves at least one partition of a sparse PS variable: a rank owning
+                # none deadlocked the lookup exchange (Horovod 0.28), so P < N is raised to N
+                parts = max(parts, min(self.ranks, rows))
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
                             routed=name in self.routed)
 
@@ -298,13 +349,15 @@ class Trainer:
             watchdog.start()
         try:
             while self.step < steps:
+                # armed before the stop poll: it is a collective too, where a rank waits for a
+                # rank that hangs (the checkpoint's gathers and barrier are watched as well)
+                if watchdog is not None:
+                    limit = step_timeout_s if history else max(step_timeout_s, FIRST_STEP_TIMEOUT_FLOOR_S)
+                    watchdog.arm(self.step + 1, limit)
                 if should_stop is not None and self._any_rank(bool(should_stop())):
                     stopped = True
                     break
                 x, y = next(data)
-                if watchdog is not None:
-                    limit = step_timeout_s if history else max(step_timeout_s, FIRST_STEP_TIMEOUT_FLOOR_S)
-                    watchdog.arm(self.step + 1, limit)
                 record = self.run_step(x, y)
                 if watchdog is not None:
                     watchdog.disarm()
@@ -312,7 +365,13 @@ class Trainer:
                 if on_step is not None:
                     on_step(record)
                 if checkpoint_dir and checkpoint_every and self.step % checkpoint_every == 0:
+                    if watchdog is not None:
+                        watchdog.arm(self.step, max(step_timeout_s, FIRST_STEP_TIMEOUT_FLOOR_S))
                     saved.append(ckpt.save(self, checkpoint_dir))
+                    if watchdog is not None:
+                        watchdog.disarm()
+            if watchdog is not None:
+                watchdog.disarm()
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
                 saved.append(ckpt.save(self, checkpoint_dir))
         finally:
