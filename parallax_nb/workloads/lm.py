@@ -89,10 +89,16 @@ def _sampled_softmax_layer_class():
             sampled = self.sample_candidates()
             if training:
                 self.sample_step.assign_add(1)
-            true_w = embedding_lookup(self.softmax_w, targets)          # (B, T, D)
-            true_b = embedding_lookup(self.softmax_b, targets)          # (B, T)
-            sampled_w = embedding_lookup(self.softmax_w, sampled)       # (S, D)
-            sampled_b = embedding_lookup(self.softmax_b, sampled)       # (S,)
+            # One lookup per variable for the targets and the candidates together, so a row
+            # that is both moves once (as tf.nn.sampled_softmax_loss does with all_ids).
+            flat_targets = tf.reshape(targets, [-1])
+            all_ids = tf.concat([flat_targets, sampled], 0)
+            all_w = embedding_lookup(self.softmax_w, all_ids)
+            all_b = embedding_lookup(self.softmax_b, all_ids)
+            n_true = tf.size(flat_targets)
+            true_w = tf.reshape(all_w[:n_true], tf.concat([tf.shape(targets), [-1]], 0))   # (B, T, D)
+            true_b = tf.reshape(all_b[:n_true], tf.shape(targets))                       # (B, T)
+            sampled_w, sampled_b = all_w[n_true:], all_b[n_true:]                        # (S, D), (S,)
             true_logits = tf.reduce_sum(hidden * true_w, -1) + true_b - _log_uniform_log_prob(targets, self.vocab_size)
             sampled_logits = (tf.einsum("btd,sd->bts", hidden, sampled_w) + sampled_b
                               - _log_uniform_log_prob(sampled, self.vocab_size))
