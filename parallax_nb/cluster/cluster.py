@@ -245,6 +245,9 @@ class Cluster:
             args += ["--bind-to", "none"]
             if self.hostfile is None:
                 args += ["--oversubscribe"]   # a laptop may have fewer cores than engines
+                # one host: ranks talk through shared memory, so no rank listens on a TCP port of
+                # every interface (Open MPI's TCP transport binds 0.0.0.0 and ::)
+                args += ["--mca", "btl", "self,vader"]
             else:
                 args += ["-x", "PYTHONPATH", "-x", "IPP_CONNECTION_INFO", "-x", "PATH"]
         if self.hostfile is not None:

@@ -25,6 +25,8 @@ error, with that rank's remote traceback.
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import threading
 import time
 import traceback
@@ -64,6 +66,7 @@ class RunController:
         self.poll_s = poll_s
         self.stop_grace_s = stop_grace_s
         self.failure_grace_s = failure_grace_s
+        self.error_dir: str | None = None   # where ranks that give up write error-<rank>.txt
         self._seen_keys: list[set] = [set() for _ in async_results]
         self._first_error: tuple[float, int, BaseException] | None = None
         self._mpi_output = ""      # mpiexec's output, read before engines are restarted
@@ -126,7 +129,7 @@ class RunController:
         message = f"rank {rank} (engine {engine_id} on host {host}) failed: {ename}: {evalue}"
         if ename == "EngineError":
             output = self._mpi_output or self.cluster._engine_output()
-            culprit = _rank_report(output) or _mpi_exit_culprit(output)
+            culprit = self._error_file_report() or _rank_report(output) or _mpi_exit_culprit(output)
             if culprit is not None:
                 rank, how = culprit
                 engine_id, host = self.engine_ids[rank], self.hosts[rank]
@@ -175,6 +178,23 @@ class RunController:
         finally:
             if all(ar.ready() for ar in self.async_results):
                 self._forget_results()
+            if self.error_dir:
+                shutil.rmtree(self.error_dir, ignore_errors=True)
+
+    def _error_file_report(self) -> tuple[int, str] | None:
+        """(rank, last line of its error) from the first error file a rank wrote, if any."""
+        if not self.error_dir:
+            return None
+        from ..launch import _read_failures
+
+        try:
+            failures = _read_failures(self.error_dir)
+        except OSError:
+            return None
+        if not failures:
+            return None
+        rank, _, text = failures[0]
+        return _rank_report(f"[parallax_nb] rank {rank} failed:\n{text}")
 
     def _watch_until_finished(self) -> None:
         try:
@@ -308,8 +328,9 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
                           hint=f"pass engines={cluster.n} or a cluster of {engines} engines")
     cluster.start()
 
+    error_dir = tempfile.mkdtemp(prefix="parallax_nb-run-errors-")     # 0700, removed when the run ends
     options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                   step_timeout_s=step_timeout_s)
+                   step_timeout_s=step_timeout_s, error_dir=error_dir)
     architecture = (plan_dict or {}).get("architecture") if isinstance(plan_dict, dict) else None
     the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture, profile=profile)
     engine_ids = cluster.engine_ids
@@ -320,6 +341,7 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
                      for eid in engine_ids]
     controller = RunController(the_run, cluster, async_results, engine_ids, stop_grace_s=stop_grace_s,
                                failure_grace_s=failure_grace_s)
+    controller.error_dir = error_dir
     the_run._controller = controller
     the_run.cluster = cluster
     _last_run = the_run

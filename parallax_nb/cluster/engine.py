@@ -159,10 +159,20 @@ def train_on_engine(job_bytes: bytes, plan_dict: dict | None, steps: int, option
                   resume=bool(options.get("resume", False)), step_timeout_s=options.get("step_timeout_s"))
     if options.get("checkpoint_every"):
         kwargs["checkpoint_every"] = int(options["checkpoint_every"])
+    # a rank that gives up (the runtime's step watchdog) writes why to error-<rank>.txt there:
+    # its stderr goes to the notebook through IOPub, which a process ending at once never flushes
+    error_dir = options.get("error_dir")
+    previous_error_dir = os.environ.get("PARALLAX_NB_RANK_ERROR_DIR")
+    if error_dir and os.path.isdir(error_dir):
+        os.environ["PARALLAX_NB_RANK_ERROR_DIR"] = error_dir
     try:
         result = train_fn(job, plan, steps, **kwargs)
     finally:
         stop.uninstall()
+        if previous_error_dir is None:
+            os.environ.pop("PARALLAX_NB_RANK_ERROR_DIR", None)
+        else:
+            os.environ["PARALLAX_NB_RANK_ERROR_DIR"] = previous_error_dir
 
     history = list(getattr(result, "history", []) or [])
     out = dict(rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),
