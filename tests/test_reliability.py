@@ -575,7 +575,8 @@ def _engine_processes() -> list:
     for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
-            if "ipyparallel.engine" in cmd and "nanny" not in cmd and p.status() != psutil.STATUS_ZOMBIE:
+            if ("ipyparallel.engine" in cmd and "nanny" not in cmd and not _is_mpiexec(p)
+                    and p.status() != psutil.STATUS_ZOMBIE):
                 out.append(p)
         except psutil.Error:
             pass
