@@ -317,7 +317,7 @@ def test_cli_run_with_automatic_plan_and_partition_search(tmp_path):
     assert all(float(r["bytes_sent"]) > 0 for r in rows)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ckpt-00000003", "ckpt-00000006"]
     model = keras.models.load_model(out / "model.keras")
-    assert len(model.trainable_variables) == 6
+    assert len(model.trainable_variables) == 7  # 3 tables, mlp_0 kernel + bias, click kernel + bias
     print(f"\npartition search points {search['points']} -> P = {search['best_partitions']}")
 
 
