@@ -137,6 +137,39 @@ class _OutputPump(threading.Thread):
         return "".join(self.chunks)
 
 
+def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Have Linux send ``sig`` to this process when the thread that started it dies.
+
+    mpirun gets it from its launcher (SIGTERM, so it can stop its ranks) and every rank from
+    mpirun or orted (SIGKILL): a launcher killed by SIGKILL, where no ``finally`` runs, then
+    leaves no mpirun and no rank behind. A no-op off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def start_mpirun(cmd: Sequence[str], **popen_kwargs) -> subprocess.Popen:
+    """Start ``cmd`` (an mpirun command line) in its own process group, tied to this process:
+    if this process dies, however it dies, mpirun gets SIGTERM and stops its ranks.
+
+    Call it from the thread that will wait for the process (Linux ties the child to the
+    thread that forked it).
+    """
+    launcher_pid = os.getpid()
+    preexec = (lambda: die_with_parent(launcher_pid, signal.SIGTERM)) if sys.platform.startswith("linux") else None
+    return subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=preexec, **popen_kwargs)
+
+
 def kill_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace_s``."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
@@ -183,9 +216,8 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
             cloudpickle.dump((fn, tuple(args), dict(kwargs or {})), f)
         cmd = mpirun_command(np, [sys.executable, "-m", "parallax_nb.launch", "rank", payload, workdir],
                              hostfile=hostfile)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}),
-                                start_new_session=True)
+        proc = start_mpirun(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}))
         pump = _OutputPump(proc.stdout, echo)
         pump.start()
         timed_out = False
@@ -250,6 +282,7 @@ def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:
 
 def _rank_main(payload: str, out_dir: str) -> None:
     """Body of each rank started by :func:`run_on_ranks`; never returns."""
+    die_with_parent()
     rank = mpi_rank()
     try:
         import cloudpickle  # noqa: F401  (functions pickled by value need it to load)

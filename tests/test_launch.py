@@ -88,3 +88,57 @@ def test_timeout_kills_every_rank(tmp_path):
     time.sleep(0.5)
     alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive
+
+
+LAUNCHER = """
+import sys, time
+from parallax_nb.launch import run_on_ranks
+
+def sleep_long(marker):
+    open(marker + "." + __import__("os").environ.get("OMPI_COMM_WORLD_RANK", "?"), "w").close()
+    time.sleep(300)
+
+run_on_ranks(sleep_long, 2, args=(sys.argv[1],), timeout_s=600)
+"""
+
+
+def _processes_mentioning(text: str) -> list:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(text in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.mark.mpi
+def test_a_killed_launcher_leaves_no_mpirun_or_rank_behind(tmp_path):
+    """SIGKILL of the process that called run_on_ranks (no finally runs): mpirun and both
+    ranks must still go away, because mpirun is tied to its launcher's life."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    marker = str(tmp_path / "rank-started")
+    launcher = subprocess.Popen([sys.executable, str(script), marker], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not all(os.path.exists(f"{marker}.{r}") for r in (0, 1)):
+        assert launcher.poll() is None, "the launcher exited before its ranks started"
+        assert time.time() < deadline, "ranks did not start within 120 s"
+        time.sleep(0.5)
+    ranks = [p for p in _processes_mentioning("parallax-ranks-") if "rank" in p.cmdline()]
+    mpiruns = [p for p in psutil.Process(launcher.pid).children() if "mpirun" in p.name()]
+    assert len(ranks) >= 2 and mpiruns, (ranks, mpiruns)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=10)
+    gone, alive = psutil.wait_procs(ranks + mpiruns, timeout=30)
+    assert not alive, f"left behind after the launcher was killed: {[p.cmdline() for p in alive]}"

@@ -60,17 +60,18 @@ def _check(args) -> None:
 
 
 def main(args) -> int:
-    from ..launch import in_mpi_job
+    from ..launch import die_with_parent, in_mpi_job
 
     _check(args)
     if in_mpi_job():
+        die_with_parent()  # a rank must not outlive its mpirun/orted
         return _rank_main(args)
     return _launch(args)
 
 
 def _launch(args) -> int:
     """Start mpirun with ``--np`` ranks running this command; report the first failing rank."""
-    from ..launch import kill_process_group, mpirun_command, rank_environment, _read_failures
+    from ..launch import _read_failures, kill_process_group, mpirun_command, rank_environment, start_mpirun
 
     os.makedirs(args.output, exist_ok=True)
     if args.plan:
@@ -82,7 +83,7 @@ def _launch(args) -> int:
     cmd = mpirun_command(args.np, argv, hostfile=args.hostfile)
     env = rank_environment({"PARALLAX_NB_RANK_ERROR_DIR": errors})
     print(f"parallax_nb run: {args.np} ranks: {' '.join(cmd[:6])} ...", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+    proc = start_mpirun(cmd, env=env, stdin=subprocess.DEVNULL)
     try:
         proc.wait(timeout=args.timeout)
     except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
