@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .data import config_of_size
+
 SIZES = {
     "tiny": dict(image_size=8, channels=8, blocks=1, classes=10, num_examples=2048),
     "small": dict(image_size=16, channels=16, blocks=2, classes=10, num_examples=4096),
@@ -28,10 +30,7 @@ class CNNConfig:
 
     @classmethod
     def of_size(cls, size: str = "tiny", **overrides) -> "CNNConfig":
-        if size not in SIZES:
-            from ..errors import ConfigError
-            raise ConfigError(f"unknown CNN size {size!r}", hint=f"choose one of {sorted(SIZES)}")
-        return cls(**{**SIZES[size], **overrides})
+        return config_of_size(cls, SIZES, size, "CNN", overrides)
 
 
 def build_cnn_model(config: CNNConfig):

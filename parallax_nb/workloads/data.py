@@ -20,3 +20,19 @@ def zipf_ids(rng: np.random.Generator, vocab_size: int, shape, exponent: float =
 def shard_rows(array: np.ndarray, shard_index: int, num_shards: int) -> np.ndarray:
     """Rows ``shard_index, shard_index + num_shards, ...``: the interleaved shard a Job expects."""
     return array[shard_index::num_shards]
+
+
+def config_of_size(config_class, sizes: dict, size: str, what: str, overrides: dict):
+    """``config_class`` at a named size (``tiny`` for tests ... ``realistic`` for benchmarks),
+    with ``overrides`` on top; an unknown size or field is a ConfigError naming it."""
+    from dataclasses import fields
+
+    from ..errors import ConfigError
+
+    if size not in sizes:
+        raise ConfigError(f"unknown {what} size {size!r}", hint=f"choose one of {sorted(sizes)}")
+    unknown = set(overrides) - {f.name for f in fields(config_class)}
+    if unknown:
+        raise ConfigError(f"unknown {what} settings {sorted(unknown)}",
+                          hint=f"settings: {sorted(f.name for f in fields(config_class))}")
+    return config_class(**{**sizes[size], **overrides})

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .data import shard_rows, zipf_ids
+from .data import config_of_size, shard_rows, zipf_ids
 
 SIZES = {
     "tiny": dict(vocab_size=1003, embedding_dim=16, hidden_dim=16, seq_len=8, num_sampled=32, num_examples=4096),
@@ -40,10 +40,7 @@ class LMConfig:
 
     @classmethod
     def of_size(cls, size: str = "tiny", **overrides) -> "LMConfig":
-        if size not in SIZES:
-            from ..errors import ConfigError
-            raise ConfigError(f"unknown LM size {size!r}", hint=f"choose one of {sorted(SIZES)}")
-        return cls(**{**SIZES[size], **overrides})
+        return config_of_size(cls, SIZES, size, "LM", overrides)
 
 
 def _log_uniform_log_prob(ids, vocab_size: int):

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .data import shard_rows, zipf_ids
+from .data import config_of_size, shard_rows, zipf_ids
 
 SIZES = {
     "tiny": dict(table_sizes=(101, 57, 13), embedding_dim=8, dense_features=4, hidden=(16,), num_examples=4096),
@@ -30,10 +30,7 @@ class RecommenderConfig:
 
     @classmethod
     def of_size(cls, size: str = "tiny", **overrides) -> "RecommenderConfig":
-        if size not in SIZES:
-            from ..errors import ConfigError
-            raise ConfigError(f"unknown recommender size {size!r}", hint=f"choose one of {sorted(SIZES)}")
-        return cls(**{**SIZES[size], **overrides})
+        return config_of_size(cls, SIZES, size, "recommender", overrides)
 
 
 def build_recommender_model(config: RecommenderConfig):
