@@ -249,10 +249,13 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
 
     plan = default_plan(job, architecture)
     assert plan.ps_variables if architecture == "hybrid" else not plan.ps_variables
-    the_run = run(job, plan, engines=2, steps=6, cluster=cluster, wait=False, display=False)
+    # enough steps that records are seen arriving mid-run even on an idle machine (a tiny LM
+    # step takes milliseconds there: six steps could all land between two polls)
+    steps = 30
+    the_run = run(job, plan, engines=2, steps=steps, cluster=cluster, wait=False, display=False)
     progress_seen, deadline = False, time.monotonic() + 150
     while not the_run.done and time.monotonic() < deadline:
-        progress_seen = progress_seen or (0 < the_run.steps_done < 6 and not the_run.done)
+        progress_seen = progress_seen or (0 < the_run.steps_done < steps and not the_run.done)
         time.sleep(0.05)
     if not the_run.done:
         output = cluster._engine_output()[-1500:]
@@ -261,7 +264,7 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
     the_run.wait()
     assert progress_seen
     summary = the_run.summary()
-    assert summary["architecture"] == architecture and summary["ranks"] == 2 and summary["steps"] == 6
+    assert summary["architecture"] == architecture and summary["ranks"] == 2 and summary["steps"] == steps
     assert (the_run.history["bytes_per_step"] > 0).all()
     assert set(the_run.measured_bytes_by_variable()) == set(plan.names)
     model = the_run.model
