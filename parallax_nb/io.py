@@ -44,6 +44,14 @@ def atomic_write_text(path: str, text: str, mode: int | None = None) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
+def dump_json(data: dict, path: str | None = None) -> str:
+    """``data`` as indented JSON text; with ``path``, also written there atomically."""
+    text = json.dumps(data, indent=2)
+    if path is not None:
+        atomic_write_text(path, text)
+    return text
+
+
 def load_json(path_or_text: str, what: str = "file") -> dict:
     """Parse JSON from a path, or from text when the argument starts with ``{``."""
     text = path_or_text

@@ -260,13 +260,9 @@ class Plan:
 
     def to_json(self, path: str | None = None) -> str:
         """The plan as JSON text; with ``path``, also written there atomically."""
-        import json
+        from .io import dump_json
 
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            from .io import atomic_write_text
-            atomic_write_text(path, text)
-        return text
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_dict(cls, d: Any, variable_names: Iterable[str] | None = None) -> "Plan":

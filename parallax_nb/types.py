@@ -186,11 +186,9 @@ class Profile:
         }
 
     def to_json(self, path: str | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            from .io import atomic_write_text
-            atomic_write_text(path, text)
-        return text
+        from .io import dump_json
+
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
