@@ -7,7 +7,6 @@ these objects, never the source of truth.
 from __future__ import annotations
 
 import enum
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
