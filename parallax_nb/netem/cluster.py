@@ -97,12 +97,17 @@ class EmulatedCluster:
         Ranks fill machines in order (rank r on machine r // workers_per_machine); MPI's
         byte transport and its out-of-band channel use only the cluster's subnet; no core
         binding (the namespaces share the host's cores).
+
+        ``rtc_hwloc_vmhole none``: each machine's ``orted`` otherwise maps a shared-memory copy
+        of the hardware topology at an address it picks from its own memory map; two daemons
+        on one host doing that at once segfault now and then (Open MPI 4.1, seen about one
+        launch in ten), and a daemon dying after ``--daemonize`` leaves mpirun waiting forever.
         """
         self._require_up()
         return ["--hostfile", self.hostfile, "--map-by", "slot", "--bind-to", "none",
                 "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
                 "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", self.subnet,
-                "--mca", "oob_tcp_if_include", self.subnet]
+                "--mca", "oob_tcp_if_include", self.subnet, "--mca", "rtc_hwloc_vmhole", "none"]
 
     def machine_of_rank(self, rank: int) -> Machine:
         return self.machines[rank // self.workers_per_machine]
