@@ -30,15 +30,19 @@ def run_case(case: dict) -> dict:
 
     job = make_job(case["workload"], case["optimizer"])
     plan = make_plan(job, case["architecture"], case.get("partitions"))
+    if "local_aggregation" in case:
+        import dataclasses
+
+        plan = dataclasses.replace(plan, local_aggregation=case["local_aggregation"])
     start = time.perf_counter()
-    trainer = Trainer(job, plan)
+    trainer = Trainer(job, plan, workers_per_machine=case.get("workers_per_machine"))
     storage = trainer.storage_bytes()
     ckpt_dir = case.get("checkpoint_dir")
     result = trainer.run(case["steps"], checkpoint_dir=ckpt_dir, checkpoint_every=case.get("checkpoint_every", 0),
                          resume=case.get("resume", False), step_timeout_s=case.get("step_timeout_s", 240))
     out = {"rank": trainer.rank, "storage": storage, "summary": result.summary(), "wall_s": time.perf_counter() - start,
            "losses": [r.loss for r in result.history], "checkpoints": result.checkpoints,
-           "variables": result.variables}
+           "variables": result.variables, "local_aggregation": result.local_aggregation}
     if trainer.rank == 0:
         out["weights"] = result.weights
     return out
@@ -78,3 +82,38 @@ def fail_on_rank(failing_rank: int, at_step: int, out_dir: str) -> None:
             raise RuntimeError(f"injected failure on rank {failing_rank} at step {at_step}")
 
     trainer.run(1000, on_step=on_step, step_timeout_s=30)
+
+
+def link_bytes_case(size: str, steps: int, first: int) -> dict:
+    """On an emulated cluster: train the LM (HYBRID) with local aggregation on, then off; per
+    run, this rank's ledger bytes per step and its machine link's bytes per step (the
+    namespace's eth0, sent + received) over steps ``first + 1 .. steps``, and the final weights
+    on rank 0."""
+    import dataclasses
+
+    from parallax_nb.runtime.trainer import Trainer
+    from parallax_nb.workloads import lm_job
+
+    def link() -> int:
+        stats = "/sys/class/net/eth0/statistics/"
+        return sum(int(open(stats + f"{d}_bytes").read()) for d in ("tx", "rx"))
+
+    out = {}
+    for aggregated in (True, False):
+        job = lm_job(size, optimizer="sgd")
+        plan = dataclasses.replace(make_plan(job, "hybrid", None), local_aggregation=aggregated)
+        trainer = Trainer(job, plan)
+        marks = {}
+
+        def on_step(record):
+            if record.step in (first, steps):
+                marks[record.step] = link()
+
+        result = trainer.run(steps, on_step=on_step, step_timeout_s=120)
+        measured = result.history[first:steps]
+        ledger = sum(r.bytes_sent + r.bytes_received for r in measured) / len(measured)
+        out["on" if aggregated else "off"] = {
+            "executed": result.local_aggregation, "topology": trainer.topology.describe(),
+            "ledger_per_step": ledger, "link_per_step": (marks[steps] - marks[first]) / len(measured),
+            "weights": result.weights if trainer.rank == 0 else None}
+    return out

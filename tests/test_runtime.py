@@ -73,6 +73,26 @@ def three_rank_runs():
     return cases, per_rank
 
 
+@pytest.fixture(scope="module")
+def local_aggregation_runs():
+    """4 ranks as 2 machines x 2 workers (``workers_per_machine=2``): local aggregation on,
+    and one case with it switched off in the plan."""
+    from parallax_nb.launch import run_on_ranks
+
+    cases = [dict(workload="lm", architecture="hybrid", optimizer="adam", steps=STEPS, partitions=4),
+             dict(workload="lm", architecture="ps", optimizer="sgd", steps=STEPS, partitions=3),
+             dict(workload="recommender", architecture="ar", optimizer="sgd", steps=STEPS),
+             dict(workload="recommender", architecture="hybrid", optimizer="sgd", steps=STEPS, partitions=4,
+                  local_aggregation=False)]
+    for case in cases:
+        case["workers_per_machine"] = LA_WORKERS
+    start = time.perf_counter()
+    per_rank = run_on_ranks(runtime_cases.run_cases, LA_MACHINES * LA_WORKERS, args=(cases,), timeout_s=1500)
+    print(f"\n4-rank (2 x 2) launch of {len(cases)} cases: {time.perf_counter() - start:.1f} s")
+    return cases, per_rank
+
+
+LA_MACHINES, LA_WORKERS = 2, 2
 _REFERENCES: dict = {}
 
 
@@ -165,17 +185,18 @@ def test_ps_shards_never_hold_the_full_table(launch, request):
     assert checked >= 3
 
 
-def _alpha_from_batches(case: dict, name: str, ranks: int) -> float:
-    """Mean over measured steps (2..STEPS) and ranks of unique touched rows / rows, from the data."""
+def _alpha_from_batches(case: dict, name: str, ranks: int, workers_per_machine: int = 1) -> float:
+    """Mean over measured steps (2..STEPS) and machines of unique touched rows / rows, from the
+    data; a machine's rows are the union of its ``workers_per_machine`` ranks' batches."""
     job = runtime_cases.make_job(case["workload"], case["optimizer"])
     feature = {"embedding/embeddings": "tokens"}.get(name) or f"cat_{name.split('/')[0].split('_')[1]}"
     rows = {v.path: v.shape[0] for v in job.build_model().trainable_variables}[name]
+    batches = [[x[feature].numpy() for x, _ in job.dataset(r, ranks).take(STEPS)] for r in range(ranks)]
     fractions = []
-    for r in range(ranks):
-        for step, (x, _) in enumerate(job.dataset(r, ranks).take(STEPS)):
-            if step == 0:
-                continue
-            fractions.append(len(np.unique(x[feature].numpy())) / rows)
+    for first in range(0, ranks, workers_per_machine):
+        machine = batches[first:first + workers_per_machine]
+        for step in range(1, STEPS):
+            fractions.append(len(np.unique(np.concatenate([b[step].ravel() for b in machine]))) / rows)
     return float(np.mean(fractions))
 
 
@@ -184,11 +205,35 @@ def _measured(per_rank_case: dict, name: str) -> float:
     return info["bytes_sent_per_step"] + info["bytes_received_per_step"]
 
 
+def _modelled(case: dict, variables: dict, ranks: int, n: int, union_of: int = 1):
+    """(name, info, cost-model bytes of one participant among ``n``) for every variable the
+    model can be checked on: dense ones, and sparse inputs with alpha from the batches (a
+    participant's rows = the union of ``union_of`` consecutive ranks' batches). Softmax rows
+    (targets and sampled candidates) are checked by the equality tests only."""
+    from parallax_nb.cost import model as cost
+
+    job = runtime_cases.make_job(case["workload"], case["optimizer"])
+    shapes = {v.path: tuple(v.shape) for v in job.build_model().trainable_variables}
+    for name, info in variables.items():
+        size = 4 * math.prod(shapes[name])
+        rows = shapes[name][0] if shapes[name] else 1
+        sparse_input = name == "embedding/embeddings" or name.startswith("table_")
+        if info["kind"] == "sparse" and not sparse_input:
+            continue
+        if info["kind"] == "sparse":
+            alpha = _alpha_from_batches(case, name, ranks, union_of)
+            if info["method"] == "ps":
+                expected = cost.ps_value_bytes(alpha, size, n) + cost.ps_index_bytes(alpha, rows, n)
+            else:
+                expected = cost.allgather_value_bytes(alpha, size, n) + cost.allgather_index_bytes(alpha, rows, n)
+        else:
+            expected = cost.allreduce_bytes(size, n)
+        yield name, info, expected
+
+
 @pytest.mark.parametrize("launch", ["two_rank_runs", "three_rank_runs"])
 def test_bytes_match_cost_model(launch, request):
     """Measured bytes per rank per step vs parallax_nb.cost.model with alpha from the same batches."""
-    from parallax_nb.cost import model as cost
-
     cases, per_rank = request.getfixturevalue(launch)
     ranks = len(per_rank)
     lines = []
@@ -196,23 +241,7 @@ def test_bytes_match_cost_model(launch, request):
     for i, case in enumerate(cases):
         if case.get("resume"):
             continue
-        job = runtime_cases.make_job(case["workload"], case["optimizer"])
-        shapes = {v.path: tuple(v.shape) for v in job.build_model().trainable_variables}
-        for name, info in per_rank[0][i]["variables"].items():
-            size = 4 * math.prod(shapes[name])
-            rows = shapes[name][0] if shapes[name] else 1
-            sparse_input = name == "embedding/embeddings" or name.startswith("table_")
-            if info["kind"] == "sparse" and not sparse_input:
-                continue  # softmax rows: targets and sampled candidates, checked by equality tests only
-            if info["kind"] == "sparse":
-                alpha = _alpha_from_batches(case, name, ranks)
-                if info["method"] == "ps":
-                    expected = cost.ps_value_bytes(alpha, size, ranks) + cost.ps_index_bytes(alpha, rows, ranks)
-                else:
-                    expected = (cost.allgather_value_bytes(alpha, size, ranks)
-                                + cost.allgather_index_bytes(alpha, rows, ranks))
-            else:
-                expected = cost.allreduce_bytes(size, ranks)
+        for name, info, expected in _modelled(case, per_rank[0][i]["variables"], ranks, ranks):
             measured = _measured(per_rank[0][i], name)
             error = (measured - expected) / expected
             # the model assumes every owner holds 1/N of the rows: only then is the PS figure compared
@@ -225,6 +254,41 @@ def test_bytes_match_cost_model(launch, request):
                 assert abs(error) < 0.05, "\n".join(lines)
     print("\n" + "\n".join(lines))
     assert compared >= 5
+
+
+def test_local_aggregation_equals_single_device(local_aggregation_runs):
+    cases, per_rank = local_aggregation_runs
+    for i, case in enumerate(cases):
+        assert per_rank[0][i]["local_aggregation"] is case.get("local_aggregation", True), case
+        worst = _compare(case, per_rank[0][i]["weights"], LA_MACHINES * LA_WORKERS)
+        print(f"2 x 2 {_case_id(case)} local aggregation {case.get('local_aggregation', True)}: max |diff| {worst:.2e}")
+
+
+def test_local_aggregation_bytes_match_cost_model(local_aggregation_runs):
+    """Bytes per machine per step (its ranks' sum) against the cost model for 2 machines x 2
+    workers with and without local aggregation (alpha_G from the union of a machine's batches)."""
+    from parallax_nb.cost import model as cost
+    from parallax_nb.types import ClusterSpec
+
+    cases, per_rank = local_aggregation_runs
+    W, G = LA_MACHINES * LA_WORKERS, LA_WORKERS
+    lines, compared = [], 0
+    for i, case in enumerate(cases):
+        aggregated = case.get("local_aggregation", True)
+        n, g = cost.participants(ClusterSpec(LA_MACHINES, G, local_aggregation=aggregated))
+        scale = g * cost.remote_share(n, g)
+        for name, info, expected in _modelled(case, per_rank[0][i]["variables"], W, n, G if aggregated else 1):
+            expected *= scale
+            measured = G * _measured(per_rank[0][i], name)  # mean per rank x ranks per machine
+            error = (measured - expected) / expected
+            even = not (info["method"] == "ps" and info["kind"] == "sparse") or info["partitions"] % W == 0
+            lines.append(f"{_case_id(case)} LA={aggregated} {name} {info['method']}/{info['kind']}: "
+                         f"measured {measured:.0f} model {expected:.0f} ({100 * error:+.2f}%)")
+            if even and (info["kind"] == "sparse" or info["method"] == "ar"):
+                compared += 1
+                assert abs(error) < 0.05, "\n".join(lines)
+    print("\n" + "\n".join(lines))
+    assert compared >= 8
 
 
 def test_resume_equals_uninterrupted(two_rank_runs):

@@ -87,6 +87,7 @@ class TrainResult:
     rank: int = 0
     checkpoints: list[str] = field(default_factory=list)
     rank_mean_bytes: dict | None = None  # name -> (sent, received) per step, mean over ranks
+    local_aggregation: bool = False  # executed (the plan asked and machines hold several ranks)
 
     def single_device_model(self):
         """The user's model (``job.model()``) holding the trained weights, incl. non-trainable."""
@@ -127,7 +128,7 @@ class TrainResult:
         return {
             "schema": RUN_SCHEMA, "schema_version": RUN_SCHEMA_VERSION,
             "ranks": self.ranks, "machines": self.machines, "workers_per_machine": self.workers_per_machine,
-            "architecture": self.architecture, "steps": self.steps_done,
+            "local_aggregation": bool(self.local_aggregation), "architecture": self.architecture, "steps": self.steps_done,
             "batch_size_per_rank": self.batch_size_per_rank,
             "step_time_s_median": median([r.step_time_s for r in measured]),
             "examples_per_s_median": median([r.examples_per_s for r in measured]),

@@ -17,6 +17,16 @@ gradient as the reverse ``alltoall``), so the backward pass hands each owner, fo
 rank touched, that rank's summed gradient as an ``IndexedSlices`` on the owner's partition:
 duplicates inside a rank are summed by the unique/gather, duplicates across ranks by the
 optimizer's scatter. The trainer divides by N so the update is the global-batch mean.
+
+With local aggregation (a :class:`~.hierarchical.Hierarchy`, G ranks per machine) a machine
+asks for each row once: its ranks first gather their unique ids into the machine's union U
+(shared memory); the ids of U owned by a rank of local index j are requested by this
+machine's rank of local index j (one requester per owner and machine; an owner on the own
+machine is the requester itself); the rows come back to that requester and are shared with
+the machine's other ranks. Backward, the reverse of that sharing sums the machine's
+gradients of each row on its requester, which pushes one gradient per row and machine to
+the owner: pull and push move alpha_G of the rows per machine, the cost model's PS figure
+with local aggregation.
 """
 from __future__ import annotations
 
@@ -27,6 +37,7 @@ import tensorflow as tf
 
 from ..ops import variable_path
 from .accounting import ByteLedger
+from .hierarchical import tile_rows
 from .partitioning import RowPartitioning
 
 
@@ -98,7 +109,8 @@ def op_tag(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
-def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str) -> tf.Tensor:
+def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str,
+                  what: str = "rows") -> tf.Tensor:
     """alltoall of the rows owners serve back to their requesters, with an explicitly named
     reverse alltoall as its gradient (row gradients to the owners).
 
@@ -111,10 +123,10 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
 
     @tf.custom_gradient
     def exchange(x):
-        y, _ = hvd.alltoall(x, splits=send_splits, name=f"px_rows_{tag}", ignore_name_scope=True)
+        y, _ = hvd.alltoall(x, splits=send_splits, name=f"px_{what}_{tag}", ignore_name_scope=True)
 
         def grad(dy):
-            dx, _ = hvd.alltoall(tf.convert_to_tensor(dy), splits=receive_splits, name=f"px_rowgrads_{tag}",
+            dx, _ = hvd.alltoall(tf.convert_to_tensor(dy), splits=receive_splits, name=f"px_{what}grads_{tag}",
                                  ignore_name_scope=True)
             return dx
 
@@ -126,11 +138,14 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
 class ShardedLookupRouter:
     """Serves ``embedding_lookup`` of PS variables from their shards through ``alltoall``.
 
-    Bytes of every exchange are written to ``ledger`` under the variable's name: forward ids
-    and rows, and the row gradients the backward pass will send (the reverse of the rows).
+    Bytes of every exchange with ranks on other machines (``remote``: per rank 1.0 when on
+    another machine) are written to ``ledger`` under the variable's name: forward ids and
+    rows, and the row gradients the backward pass will send (the reverse of the rows).
+    ``hierarchy``: aggregate each machine's lookups first (module docstring), or None.
     """
 
-    def __init__(self, variables: dict[str, ShardedVariable], ranks: int, rank: int, ledger: ByteLedger):
+    def __init__(self, variables: dict[str, ShardedVariable], ranks: int, rank: int, ledger: ByteLedger,
+                 remote: list[float] | None = None, hierarchy=None):
         import horovod.tensorflow as hvd
 
         self._hvd = hvd
@@ -138,6 +153,8 @@ class ShardedLookupRouter:
         self.ranks = ranks
         self.rank = rank
         self.ledger = ledger
+        self.remote = remote if remote is not None else [0.0 if r == rank else 1.0 for r in range(ranks)]
+        self.hierarchy = hierarchy
 
     def reset(self) -> None:
         """Start a new trace: lookups are numbered per variable from 0 again."""
@@ -157,6 +174,10 @@ class ShardedLookupRouter:
         ids = tf.convert_to_tensor(ids)
         flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
         unique_ids, position = tf.unique(flat)
+        if self.hierarchy is not None and self.hierarchy.G > 1:
+            unique_rows = self._machine_lookup(sharded, unique_ids, tag)
+            out = tf.gather(unique_rows, position)
+            return tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(sharded.row_shape, tf.int32)], 0))
         owner = tf.cast((unique_ids % sharded.partitioning.partitions) % N, tf.int32)
         order = tf.argsort(owner, stable=True)
         send_ids = tf.gather(unique_ids, order)
@@ -170,9 +191,35 @@ class ShardedLookupRouter:
         self._count(sharded, splits, recv_splits)
         return out
 
+    def _machine_lookup(self, sharded: ShardedVariable, unique_ids: tf.Tensor, tag: str) -> tf.Tensor:
+        """Rows of this rank's ``unique_ids``, requested once per machine (module docstring)."""
+        h, N = self.hierarchy, self.ranks
+        together, together_splits = h.local_gather(unique_ids, f"px_la_ids_local_{tag}")
+        union, union_position = tf.unique(together)
+        start = tf.reduce_sum(together_splits[:self.rank])
+        mine = tf.slice(union_position, [start], tf.shape(unique_ids))  # my unique ids' places in the union
+        owner = tf.cast((union % sharded.partitioning.partitions) % N, tf.int32)
+        requester = owner % h.G  # local index of the owner = the local index that asks for the row
+        asked = tf.equal(requester, h.local)
+        my_ids, my_owners = tf.boolean_mask(union, asked), tf.boolean_mask(owner, asked)
+        order = tf.argsort(my_owners, stable=True)
+        splits = tf.math.bincount(my_owners, minlength=N, maxlength=N, dtype=tf.int32)
+        recv_ids, recv_splits = self._hvd.alltoall(tf.gather(my_ids, order), splits=splits, name=f"px_ids_{tag}",
+                                                   ignore_name_scope=True)
+        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag)
+        my_rows = tf.gather(rows, tf.argsort(order))
+        # share with the machine: every rank receives each requester's rows (requesters in rank order)
+        counts = [tf.reduce_sum(tf.cast(tf.equal(requester, i), tf.int32)) for i in range(h.G)]
+        shared = exchange_rows(tile_rows(my_rows, h.G), send_splits=h.local_splits(tf.shape(my_rows)[0]),
+                               receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share")
+        places = tf.concat([tf.cast(tf.where(tf.equal(requester, i))[:, 0], tf.int32) for i in range(h.G)], 0)
+        union_rows = tf.gather(shared, tf.math.invert_permutation(places))
+        self._count(sharded, splits, recv_splits)
+        return tf.gather(union_rows, mine)
+
     def _count(self, sharded: ShardedVariable, splits, recv_splits) -> None:
-        """ids out + rows back + row gradients out again, remote parts only."""
-        mine = tf.one_hot(self.rank, self.ranks, on_value=0.0, off_value=1.0, dtype=tf.float64)
+        """ids out + rows back + row gradients out again, parts exchanged with other machines only."""
+        mine = tf.constant(self.remote, tf.float64)
         remote_requested = tf.reduce_sum(tf.cast(splits, tf.float64) * mine)      # my ids others own
         remote_served = tf.reduce_sum(tf.cast(recv_splits, tf.float64) * mine)    # others' ids I own
         id_bytes, row_bytes = 8.0, float(sharded.row_bytes)

@@ -14,6 +14,17 @@ across ranks by name, and the graphs of ranks that own different partitions diff
   partitions; after the update every rank pulls the fresh partitions (allgather) into its
   full copy of the variable, which the forward pass reads.
 
+With local aggregation (a :class:`~.hierarchical.Hierarchy`: G ranks per machine, the plan's
+``local_aggregation`` on) the same methods combine a machine's gradients first: AR dense and
+sparse through the two-level collectives of :mod:`.hierarchical`; PS dense pushes each
+partition's machine sum once per machine (a local reduce-scatter, then the rank of the
+owner's local index sends it) and pulls once per machine (then shares inside it); PS sparse
+is aggregated inside its lookup (:mod:`.sharded`).
+
+Bytes are counted only for traffic with ranks on other machines (:mod:`.topology`): exactly
+for the alltoalls, and scaled by the share of remote peers ``r = (W - G) / (W - 1)`` for
+Horovod's allreduce and allgather over all ranks (whose traffic spreads over all peers).
+
 Dividing by N turns the sum of per-rank mean-loss gradients into the gradient of the mean
 loss over the global batch of N * b examples, which is what single-device training with that
 batch computes.
@@ -28,7 +39,9 @@ import tensorflow as tf
 
 from ..types import Kind, Method
 from .accounting import ByteLedger, allgather_bytes, ring_allreduce_bytes
+from .hierarchical import Hierarchy
 from .sharded import ShardedVariable, op_tag
+from .topology import Topology
 
 
 @dataclass
@@ -96,7 +109,8 @@ class GradientExchange:
     """Turns this rank's local gradients into the (grad, variable) pairs its optimizer applies,
     and pulls PS dense values after the update. Call both inside the traced train step."""
 
-    def __init__(self, syncs: list[VariableSync], ranks: int, rank: int, ledger: ByteLedger):
+    def __init__(self, syncs: list[VariableSync], ranks: int, rank: int, ledger: ByteLedger,
+                 topology: Topology | None = None, hierarchy: Hierarchy | None = None):
         import horovod.tensorflow as hvd
 
         self.hvd = hvd
@@ -104,6 +118,10 @@ class GradientExchange:
         self.ranks = ranks
         self.rank = rank
         self.ledger = ledger
+        self.topology = topology or Topology.blocks(ranks, 1, "one machine per rank")
+        self.remote = self.topology.remote(rank)
+        self.remote_share = self.topology.remote_share(rank)
+        self.hierarchy = hierarchy
         self._pushed: dict[str, tf.Tensor] = {}
 
     def exchange(self, grads_by_sync: list[list]) -> list[tuple]:
@@ -129,15 +147,35 @@ class GradientExchange:
                 if grad is not None:
                     pairs.extend(self._push_dense(sync, tf.convert_to_tensor(grad)))
         if dense_ar:
-            if N > 1:
-                reduced = hvd.grouped_allreduce([g for _, g in dense_ar], op=hvd.Average, name="px_ar_dense",
-                                                ignore_name_scope=True)
-            else:
-                reduced = [g for _, g in dense_ar]
-            for (sync, _), grad in zip(dense_ar, reduced):
-                self.ledger.add(sync.name, *ring_allreduce_bytes(sync.size_bytes, N))
-                pairs.append((grad, sync.variable))
+            pairs.extend(self._allreduce_dense(dense_ar))
         return pairs
+
+    def _allreduce_dense(self, dense_ar: list[tuple[VariableSync, tf.Tensor]]) -> list[tuple]:
+        hvd, N = self.hvd, self.ranks
+        grads = [g for _, g in dense_ar]
+        if self.hierarchy is not None and N > 1:
+            by_dtype: dict = {}
+            for i, g in enumerate(grads):
+                by_dtype.setdefault(g.dtype, []).append(i)
+            reduced = [None] * len(grads)
+            for dtype, members in by_dtype.items():
+                averaged, remote = self.hierarchy.allreduce([grads[i] for i in members], f"dense_{dtype.name}")
+                total = sum(dense_ar[i][0].size_bytes for i in members)
+                for i, grad in zip(members, averaged):
+                    reduced[i] = grad
+                    share = remote * dense_ar[i][0].size_bytes / total if total else 0.0
+                    self.ledger.add(dense_ar[i][0].name, share, share)
+            return [(grad, sync.variable) for (sync, _), grad in zip(dense_ar, reduced)]
+        if N > 1:
+            reduced = hvd.grouped_allreduce(grads, op=hvd.Average, name="px_ar_dense", ignore_name_scope=True)
+        else:
+            reduced = grads
+        out = []
+        for (sync, _), grad in zip(dense_ar, reduced):
+            sent, received = ring_allreduce_bytes(sync.size_bytes, N)
+            self.ledger.add(sync.name, sent * self.remote_share, received * self.remote_share)
+            out.append((grad, sync.variable))
+        return out
 
     def _allgather_sparse(self, sync: VariableSync, grad: tf.IndexedSlices) -> tf.IndexedSlices:
         hvd, N = self.hvd, self.ranks
@@ -147,10 +185,15 @@ class GradientExchange:
         if N == 1:
             return grad
         tag = op_tag(sync.name)
+        if self.hierarchy is not None:
+            summed, sent, received = self.hierarchy.allgather_sparse(grad, row_bytes, tag)
+            self.ledger.add(sync.name, sent, received)
+            return summed
         values = hvd.allgather(grad.values, name=f"px_ar_values_{tag}", ignore_name_scope=True)
         indices = hvd.allgather(grad.indices, name=f"px_ar_indices_{tag}", ignore_name_scope=True)
         total = tf.cast(tf.shape(indices)[0], tf.float64) * row_bytes
-        self.ledger.add(sync.name, *allgather_bytes(own, total, N))
+        sent, received = allgather_bytes(own, total, N)
+        self.ledger.add(sync.name, sent * self.remote_share, received * self.remote_share)
         return deduplicate(tf.IndexedSlices(values / N, indices, grad.dense_shape))
 
     # ---------------------------------------------------------------- PS dense
@@ -158,28 +201,53 @@ class GradientExchange:
     def _partition_rows(full: tf.Tensor, partitions: int, p: int) -> tf.Tensor:
         return full[p::partitions]
 
+    def _owner_blocks(self, sync: VariableSync, grad: tf.Tensor) -> tuple[list[tf.Tensor], list[int]]:
+        """Per owner rank: its partitions' rows of ``grad``, flattened and concatenated, and sizes."""
+        shard, part = sync.shard, sync.shard.partitioning
+        grad = tf.reshape(grad, (part.rows,) + shard.row_shape)
+        row = int(np.prod(shard.row_shape))
+        blocks, sizes = [], []
+        for owner in range(self.ranks):
+            pieces = [tf.reshape(self._partition_rows(grad, part.partitions, p), [-1]) for p in part.owned_by(owner)]
+            blocks.append(tf.concat(pieces, 0) if pieces else tf.zeros([0], grad.dtype))
+            sizes.append(sum(part.rows_in(p) for p in part.owned_by(owner)) * row)
+        return blocks, sizes
+
     def _push_dense(self, sync: VariableSync, grad: tf.Tensor) -> list[tuple]:
-        """alltoall each partition's gradient to its owner; the owner sums and averages."""
+        """alltoall each partition's gradient to its owner; the owner sums and averages.
+
+        With local aggregation the machine's ranks first reduce-scatter the blocks by the
+        owner's local index, so each owner receives one sum per machine."""
         hvd, N, shard = self.hvd, self.ranks, sync.shard
         part = shard.partitioning
-        grad = tf.reshape(grad, (part.rows,) + shard.row_shape)
-        flat_by_owner, splits = [], []
-        for owner in range(N):
-            pieces = [tf.reshape(self._partition_rows(grad, part.partitions, p), [-1]) for p in part.owned_by(owner)]
-            splits.append(sum(part.rows_in(p) for p in part.owned_by(owner)) * int(np.prod(shard.row_shape)))
-            flat_by_owner.extend(pieces)
-        mine = splits[self.rank]
-        if N > 1:
-            send = tf.concat(flat_by_owner, 0) if flat_by_owner else tf.zeros([0], grad.dtype)
-            received, _ = hvd.alltoall(send, splits=tf.constant(splits, tf.int32), name=f"px_push_{op_tag(sync.name)}",
+        blocks, sizes = self._owner_blocks(sync, tf.convert_to_tensor(grad))
+        mine = sizes[self.rank]
+        itemsize = grad.dtype.size
+        tag = op_tag(sync.name)
+        h = self.hierarchy
+        if N == 1:
+            summed = blocks[0]
+        elif h is None:
+            received, _ = hvd.alltoall(tf.concat(blocks, 0), splits=tf.constant(sizes, tf.int32), name=f"px_push_{tag}",
                                        ignore_name_scope=True)
             summed = tf.reduce_sum(tf.reshape(received, [N, mine]), 0)
+            senders = sum(self.remote)
+            self.ledger.add(sync.name, sum(s * r for s, r in zip(sizes, self.remote)) * itemsize,
+                            senders * mine * itemsize)
         else:
-            summed = tf.concat(flat_by_owner, 0)
+            served = [o for o in range(N) if o % h.G == h.local]  # owners this rank pushes to for its machine
+            machine_sum = tf.concat([blocks[o] for o in served], 0)
+            if h.G > 1:
+                by_peer = [sum(sizes[o] for o in range(N) if o % h.G == i) for i in range(h.G)]
+                order = [o for i in range(h.G) for o in range(N) if o % h.G == i]
+                received, _ = h.alltoall(tf.concat([blocks[o] for o in order], 0), h.splits(h.local_peers, by_peer),
+                                         f"px_la_push_local_{tag}")
+                machine_sum = tf.reduce_sum(tf.reshape(received, [h.G, by_peer[h.local]]), 0)
+            received, _ = h.alltoall(machine_sum, h.splits(served, [sizes[o] for o in served]), f"px_la_push_{tag}")
+            summed = tf.reduce_sum(tf.reshape(received, [h.N, mine]), 0)
+            self.ledger.add(sync.name, sum(sizes[o] * self.remote[o] for o in served) * itemsize,
+                            (h.N - 1) * mine * itemsize)
         self._pushed[sync.name] = summed
-        itemsize = grad.dtype.size
-        total = sum(splits)
-        self.ledger.add(sync.name, (total - mine) * itemsize, (N - 1) * mine * itemsize)
         pairs, offset = [], 0
         for p, variable in zip(shard.owned, shard.parts):
             size = part.rows_in(p) * int(np.prod(shard.row_shape))
@@ -202,19 +270,34 @@ class GradientExchange:
             # Horovod 0.28: a rank sitting in the pull never submitted its lookups)
             own = tf.concat(mine, 0) if mine else self._pushed.get(sync.name, tf.zeros([0], shard.dtype))
             own_size = sum(part.rows_in(p) for p in shard.owned) * row
-            if N > 1:
+            owner_sizes = [part.rows_owned_by(o) * row for o in range(N)]
+            itemsize = shard.dtype.size
+            h = self.hierarchy
+            owners = list(range(N))
+            if N == 1:
+                everything = own
+            elif h is None:
                 # an allgather written as alltoall (own block to every rank): Horovod's allgather
                 # stalled here when a rank that owns no partition contributed an empty block
                 everything, _ = hvd.alltoall(tf.tile(own, [N]), splits=tf.constant([own_size] * N, tf.int32),
                                              name=f"px_pull_{op_tag(sync.name)}", ignore_name_scope=True)
+                self.ledger.add(sync.name, own_size * sum(self.remote) * itemsize,
+                                sum(s * r for s, r in zip(owner_sizes, self.remote)) * itemsize)
             else:
-                everything = own
-            order = part.owner_order()
+                # once to each machine's rank of my local index, which shares it inside its machine
+                tag = op_tag(sync.name)
+                everything, _ = h.alltoall(tf.tile(own, [h.N]), h.splits(h.cross_peers, [own_size] * h.N),
+                                           f"px_la_pull_{tag}")
+                served = [o for o in range(N) if o % h.G == h.local]
+                self.ledger.add(sync.name, own_size * (h.N - 1) * itemsize,
+                                sum(owner_sizes[o] * self.remote[o] for o in served) * itemsize)
+                if h.G > 1:
+                    everything, _ = h.local_gather(everything, f"px_la_pull_local_{tag}")
+                owners = [o for i in range(h.G) for o in range(N) if o % h.G == i]
+            order = [p for o in owners for p in part.owned_by(o)]
             sizes = [part.rows_in(p) * row for p in order]
             pieces = tf.split(everything, sizes) if len(sizes) > 1 else [everything]
             indices = [tf.range(p, part.rows, part.partitions) for p in order]
             rows = [tf.reshape(piece, (part.rows_in(p),) + shard.row_shape) for p, piece in zip(order, pieces)]
             full = tf.dynamic_stitch(indices, rows)
             sync.variable.assign(tf.reshape(full, sync.variable.shape))
-            own_bytes = sizes and sum(part.rows_in(p) for p in shard.owned) * row * shard.dtype.size
-            self.ledger.add(sync.name, *allgather_bytes(float(own_bytes or 0), float(sum(sizes) * shard.dtype.size), N))

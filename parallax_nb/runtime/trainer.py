@@ -15,16 +15,19 @@ variable (:mod:`.sync`), optimizer update, PS dense pull, global mean loss; all 
 ``tf.function`` (autograph off: tracing is 4x faster and the step has no tensor-dependent
 Python control flow) whose collectives carry explicit names.
 
-Not done: local aggregation (``plan.local_aggregation``) is recorded but not executed
-separately: every collective spans all ranks. On one host (all ranks local) that is the
-same computation; across hosts it moves what the cost model's "without local aggregation"
-figures describe. Non-trainable variables updated by training (e.g. batch-norm statistics)
-stay per rank; the result reports rank 0's.
+Which machine each rank is on comes from :mod:`.topology` (real hosts, the plan's cluster on
+one host, or ``workers_per_machine``). With the plan's ``local_aggregation`` on and machines
+of more than one rank, every method combines a machine's gradients before they cross
+machines (:mod:`.hierarchical`); the result is the same global-batch step either way.
+
+Non-trainable variables updated by training (e.g. batch-norm statistics) stay per rank; the
+result reports rank 0's.
 """
 from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -42,7 +45,9 @@ from .context import configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
 from .result import StepRecord, TrainResult
 from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
+from .hierarchical import Hierarchy
 from .sync import GradientExchange, VariableSync
+from .topology import Topology, resolve_topology
 
 FIRST_STEP_TIMEOUT_FLOOR_S = 300.0  # the first step also traces the step function
 
@@ -92,14 +97,17 @@ class Trainer:
     """One rank's part of a synchronous data-parallel run of ``job`` under ``plan``.
 
     ``partitions`` overrides the plan's partition count of every PS variable (partition search).
+    ``workers_per_machine``: treat ranks r // G as one machine (default: see :mod:`.topology`).
     """
 
-    def __init__(self, job: Job, plan, partitions: int | None = None):
+    def __init__(self, job: Job, plan, partitions: int | None = None, workers_per_machine: int | None = None):
         configure_threads()
         self.hvd = hvd = horovod()
         self.info = rank_info()
         self.job, self.plan = job, plan
         self.ranks, self.rank = self.info.size, self.info.rank
+        self.topology = self._topology(workers_per_machine)
+        self.local_aggregation = self._local_aggregation()
         self.model = job.build_model()
         self.routed = set(route_embedding_layers(self.model))
         trainable = list(self.model.trainable_variables)
@@ -116,12 +124,34 @@ class Trainer:
         self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
         self.ledger = ByteLedger()
         shards = {s.name: s.shard for s in self.syncs if s.ps_sparse}
-        self.router = ShardedLookupRouter(shards, self.ranks, self.rank, self.ledger)
-        self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger)
+        hierarchy = Hierarchy(self.topology, self.rank) if self.local_aggregation else None
+        self.router = ShardedLookupRouter(shards, self.ranks, self.rank, self.ledger,
+                                          remote=self.topology.remote(self.rank), hierarchy=hierarchy)
+        self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger, topology=self.topology,
+                                         hierarchy=hierarchy)
         self._step_fn = tf.function(self._step, autograph=False)
         self.step = 0
 
     # ------------------------------------------------------------------ set-up
+    def _topology(self, workers_per_machine: int | None) -> Topology:
+        """Every rank's machine: a host is a hostname plus network namespace (one namespace of
+        the emulated cluster is one machine)."""
+        key = f"{socket.gethostname()}/{os.stat('/proc/self/ns/net').st_ino}"
+        keys = self.hvd.allgather_object(key, name="px_hosts") if self.ranks > 1 else [key]
+        return resolve_topology(self.ranks, keys, self.plan, workers_per_machine)
+
+    def _local_aggregation(self) -> bool:
+        """Executed when the plan asks for it and some machine has several ranks; machines of
+        unequal rank blocks run without it (said once, by rank 0)."""
+        t = self.topology
+        if not self.plan.local_aggregation or self.ranks == 1 or t.workers_per_machine == 1:
+            return False
+        if not t.uniform:
+            if self.rank == 0:
+                _print(f"parallax_nb: local aggregation off: machines hold unequal blocks of ranks ({t.describe()})")
+            return False
+        return True
+
     def _first_batch(self):
         return next(iter(self.job.dataset(self.rank, self.ranks).take(1)))
 
@@ -379,7 +409,8 @@ class Trainer:
                 watchdog.stop()
         return TrainResult(
             steps_done=self.step, history=history, weights=self.weights(), stopped_early=stopped, job=self.job,
-            ranks=self.ranks, machines=self.info.machines, workers_per_machine=self.info.local_size,
+            ranks=self.ranks, machines=self.topology.machines, workers_per_machine=self.topology.workers_per_machine,
+            local_aggregation=self.local_aggregation,
             architecture=self.plan.architecture.value, batch_size_per_rank=self.job.batch_size,
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
             rank_mean_bytes=self._rank_mean_bytes(history))
@@ -406,7 +437,8 @@ class Trainer:
 
 def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
           resume: bool = False, on_step: Callable[[StepRecord], None] | None = None,
-          should_stop: Callable[[], bool] | None = None, step_timeout_s: float | None = None) -> TrainResult:
+          should_stop: Callable[[], bool] | None = None, step_timeout_s: float | None = None,
+          workers_per_machine: int | None = None) -> TrainResult:
     """Train ``job`` under ``plan`` until step ``steps`` (total, counting steps of a resumed
     checkpoint); call on every rank of an MPI job with the same arguments.
 
@@ -416,11 +448,13 @@ def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, chec
     ``should_stop()`` is polled before each step; when any rank says True, all stop together
     (``stopped_early``). ``step_timeout_s``: a step that takes longer (the first step gets at
     least 300 s, it traces the function) is reported as a DistributedError and ends the process.
+    ``workers_per_machine``: ranks r // G form one machine (for local aggregation and for
+    which bytes count as network traffic); by default the hosts, see :mod:`.topology`.
     """
     if not isinstance(job, Job):
         from ..errors import JobError
         raise JobError(f"train needs a parallax_nb.Job, got {type(job).__name__}")
-    trainer = Trainer(job, plan)
+    trainer = Trainer(job, plan, workers_per_machine=workers_per_machine)
     return trainer.run(steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                        on_step=on_step, should_stop=should_stop, step_timeout_s=step_timeout_s)
 
