@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", default=None,
                         help="partitions of every PS variable: a number, or 'auto' to measure and fit t(P)")
     parser.add_argument("--hostfile", help="mpirun hostfile (default: all ranks on this machine)")
+    parser.add_argument("--workers-per-machine", type=int, default=None,
+                        help="treat ranks r // G as one machine (local aggregation and which bytes count as "
+                             "network traffic; default: the hosts, or the plan's cluster on one host)")
     parser.add_argument("--step-timeout", type=float, default=None,
                         help="seconds after which a hung step stops the run with an error")
     parser.add_argument("--timeout", type=float, default=None, help="kill the whole run after this many seconds")
@@ -51,6 +54,9 @@ def _check(args) -> None:
                           hint="--arch plans automatically; a plan file already fixes every method")
     if args.plan and not os.path.exists(args.plan):
         raise ConfigError(f"plan file {args.plan!r} does not exist", hint="make one with `python -m parallax_nb plan`")
+    if args.workers_per_machine is not None and (args.workers_per_machine < 1 or args.np % args.workers_per_machine):
+        raise ConfigError(f"--workers-per-machine must be >= 1 and divide --np={args.np}, "
+                          f"got {args.workers_per_machine}")
     if args.partitions is not None and args.partitions != "auto":
         try:
             if int(args.partitions) < 1:
@@ -107,7 +113,7 @@ def _argv_of(args) -> list[str]:
     out = [args.job, "--np", str(args.np), "--steps", str(args.steps), "--output", args.output,
            "--checkpoint-every", str(args.checkpoint_every)]
     for flag, value in (("--plan", args.plan), ("--arch", args.arch), ("--partitions", args.partitions),
-                        ("--step-timeout", args.step_timeout)):
+                        ("--step-timeout", args.step_timeout), ("--workers-per-machine", args.workers_per_machine)):
         if value is not None:
             out += [flag, str(value)]
     return out + (["--resume"] if args.resume else [])
@@ -126,7 +132,12 @@ def _plan_on_rank(job, args, info):
     hvd = horovod()
     text = None
     if info.rank == 0:
-        cluster = ClusterSpec(machines=max(info.machines, 1), workers_per_machine=max(info.local_size, 1))
+        # on one host each rank stands for a machine (as on notebook engines), unless told otherwise
+        if args.workers_per_machine:
+            workers = args.workers_per_machine
+        else:
+            workers = max(info.local_size, 1) if info.machines > 1 else 1
+        cluster = ClusterSpec(machines=max(info.size // workers, 1), workers_per_machine=workers)
         architecture = args.arch or "hybrid"
         try:
             from ..profile import profile_job
@@ -179,7 +190,8 @@ def _train_and_write(job, plan, args, info, search) -> None:
     from ..runtime.trainer import train
 
     result = train(job, plan, args.steps, checkpoint_dir=os.path.join(args.output, "checkpoints"),
-                   checkpoint_every=args.checkpoint_every, resume=args.resume, step_timeout_s=args.step_timeout)
+                   checkpoint_every=args.checkpoint_every, resume=args.resume, step_timeout_s=args.step_timeout,
+                   workers_per_machine=args.workers_per_machine)
     rows = [dict(record.to_row(), rank=info.rank) for record in result.history]
     if info.size > 1:
         rows = [r for part in horovod().allgather_object(rows, name="px_cli_history") for r in part]

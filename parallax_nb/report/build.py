@@ -6,10 +6,12 @@ from JSON redraws the same page. Every figure comes from the cost model
 differences between them.
 
 Predicted against measured, like with like: a run reports, per rank, the mean bytes it sent
-plus received per step (``bytes_sent_per_step + bytes_received_per_step``). The model's
-figure is per machine per step; it is computed for a cluster of ``ranks`` machines with one
-worker each (one rank = one machine, so per machine = per rank), with the plan's bandwidth,
-latency and local-aggregation setting and the run's per-variable methods. error % =
+plus received per step (``bytes_sent_per_step + bytes_received_per_step``), counting only
+traffic with ranks on other machines. The model's figure is per machine per step; it is
+computed for the run's own topology (its ``machines`` x ``workers_per_machine`` and whether it
+executed local aggregation; summaries without that field: ``ranks`` machines of one worker),
+with the plan's bandwidth and latency and the run's per-variable methods, and compared with
+the run's per-rank figure times its ranks per machine. error % =
 100 * (measured - predicted) / predicted, None where the prediction is 0.
 """
 from __future__ import annotations
@@ -114,6 +116,11 @@ def validate_run(summary, source: str = "run summary") -> dict:
     clean.update(_typed_fields(summary, _RUN_FIELDS, source))
     if clean["ranks"] < 1:
         raise ConfigError(f"{source}: ranks must be >= 1, got {clean['ranks']}")
+    if "local_aggregation" in summary:  # written by runs that report their topology
+        if not isinstance(summary["local_aggregation"], bool):
+            raise ConfigError(f"{source}: field 'local_aggregation' must be true or false, "
+                              f"got {summary['local_aggregation']!r}")
+        clean["local_aggregation"] = summary["local_aggregation"]
     variables = summary.get("variables")
     if not isinstance(variables, dict):
         raise ConfigError(f"{source} lacks its 'variables' mapping (name -> bytes per step)")
@@ -276,10 +283,24 @@ def _variable_data(var, vp, c) -> dict:
 
 # ---------------------------------------------------------------- predicted against measured
 
-def run_cluster(cluster: ClusterSpec, ranks: int) -> ClusterSpec:
-    """The cluster a run's per-rank figures are compared with: ``ranks`` machines x 1 worker,
-    the plan's bandwidth, latency and local-aggregation setting."""
-    return cluster.replace(machines=int(ranks), workers_per_machine=1)
+def run_cluster(cluster: ClusterSpec, ranks: int, workers_per_machine: int = 1,
+                local_aggregation: bool | None = None) -> ClusterSpec:
+    """The cluster a run's figures are compared with: ``ranks / workers_per_machine`` machines
+    of ``workers_per_machine`` workers, the plan's bandwidth and latency, and the run's local
+    aggregation (the plan's setting when None)."""
+    changes = dict(machines=max(int(ranks) // int(workers_per_machine), 1), workers_per_machine=int(workers_per_machine))
+    if local_aggregation is not None:
+        changes["local_aggregation"] = bool(local_aggregation)
+    return cluster.replace(**changes)
+
+
+def run_topology(run: dict) -> tuple[int, bool | None]:
+    """(ranks per machine, local aggregation executed) of a run summary: its own when it
+    reports ``local_aggregation``, else one rank per machine and the plan's setting."""
+    if "local_aggregation" not in run:
+        return 1, None
+    workers = int(run["workers_per_machine"])
+    return (workers if workers >= 1 and run["ranks"] % workers == 0 else 1), bool(run["local_aggregation"])
 
 
 def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
@@ -301,15 +322,16 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
         warnings.append(f"the run reports no bytes for {missing}; the prediction uses the plan's methods for them")
     methods = {name: v["method"] for name, v in run_vars.items() if name in plan}
     run_plan = plan.with_methods(methods)
-    spec = run_cluster(planned_cluster(plan), run["ranks"])
+    workers, aggregated = run_topology(run)
+    spec = run_cluster(planned_cluster(plan), run["ranks"], workers, aggregated)
     est = cost.estimate(profile, run_plan, cluster=spec)
     if run["batch_size_per_rank"] != profile.batch_size:
         warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
                         f"batch {profile.batch_size}: the prediction's alpha and compute time are for the profiled batch")
 
-    measured_total = run["bytes_sent_per_step"] + run["bytes_received_per_step"]
+    measured_total = (run["bytes_sent_per_step"] + run["bytes_received_per_step"]) * workers
     totals = [
-        {"quantity": "bytes sent + received per rank per step", "unit": "bytes",
+        {"quantity": "bytes sent + received per machine per step", "unit": "bytes",
          "predicted": _number(est.bytes_per_machine_per_step), "measured": _number(measured_total),
          "error_pct": _number(error_pct(est.bytes_per_machine_per_step, measured_total))},
         {"quantity": "step time (median)", "unit": "s", "predicted": _number(est.step_time_s),
@@ -320,20 +342,22 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
     for c, method in zip(est.variables, est.methods):
         if c.name not in run_vars:
             continue
-        measured = run_vars[c.name]["bytes_sent_per_step"] + run_vars[c.name]["bytes_received_per_step"]
+        measured = (run_vars[c.name]["bytes_sent_per_step"] + run_vars[c.name]["bytes_received_per_step"]) * workers
         predicted = c.bytes_for(method)
         per_variable.append({"name": c.name, "method": method.value, "predicted_bytes_per_step": _number(predicted),
                              "measured_bytes_per_step": _number(measured),
                              "error_pct": _number(error_pct(predicted, measured))})
-    basis = (f"Like with like: the run's bytes are per rank (sent + received, mean per step over "
-             f"{run['steps']} steps); the prediction is the cost model's per-machine figure for a cluster of "
-             f"{spec.machines} machine(s) x 1 worker (one rank per machine), with the plan's bandwidth "
+    basis = (f"Like with like: the run's bytes are per machine (sent + received to and from other machines, "
+             f"mean per step over {run['steps']} steps and over ranks, times {workers} rank(s) per machine); "
+             f"the prediction is the cost model's per-machine figure for the run's cluster of "
+             f"{spec.machines} machine(s) x {spec.workers_per_machine} worker(s), local aggregation "
+             f"{'on' if spec.local_aggregation else 'off'}, with the plan's bandwidth "
              f"({spec.bandwidth}) and latency ({spec.latency_s * 1e6:g} us) and the run's per-variable methods. "
              f"The predicted step time is the profiled compute time plus communication at that bandwidth; "
              f"the run's links (e.g. loopback on one host) may be much faster or slower.")
     return {
         "basis": basis,
-        "run": {k: run[k] for k in _RUN_FIELDS},
+        "run": {k: run[k] for k in (*_RUN_FIELDS, "local_aggregation") if k in run},
         "prediction_cluster": _cluster_data(spec),
         "prediction": _estimate_data(est),
         "totals": totals,

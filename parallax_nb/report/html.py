@@ -250,7 +250,7 @@ def _measured(data: dict) -> str:
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
             f"<p>{esc(m['basis'])}</p>"
             f'<div class="scroll"><table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table></div>'
-            f'<h3>Per variable (bytes sent + received per rank per step)</h3>'
+            f'<h3>Per variable (bytes sent + received per machine per step)</h3>'
             f'<div class="scroll"><table class="measured-variables"><thead>{head}</thead><tbody>{per_var}</tbody></table></div>'
             f'<p class="muted">error = (measured - predicted) / predicted.</p>')
 
