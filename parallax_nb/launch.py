@@ -38,6 +38,8 @@ FORWARDED_ENV = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "PATH", "LD_LIBRARY_PATH"
                  "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "HOROVOD_CYCLE_TIME",
                  "PARALLAX_NB_STEP_TIMEOUT_S")
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+#: Open MPI byte transports when every rank is on this machine: itself and shared memory.
+LOCAL_BTL = "self,vader"
 
 
 def in_mpi_job() -> bool:
@@ -82,6 +84,13 @@ def mpirun_command(np: int, argv: Sequence[str], hostfile: str | None = None,
     Without ``hostfile`` all ranks run on this machine; with one, ranks are placed by the
     hostfile and the environment in :data:`FORWARDED_ENV` is exported to remote hosts.
     ``extra_mca`` adds ``--mca key value`` pairs (e.g. ``{"btl_tcp_if_include": "10.0.0.0/24"}``).
+
+    All ranks on this machine: their bytes move through shared memory (``--mca btl
+    self,vader``, as the cluster's engines do), so no rank opens Open MPI's TCP transport,
+    which listens on every interface (0.0.0.0 and ::). A ``btl`` given in ``extra_mca`` or in
+    the environment (``OMPI_MCA_btl``) wins. mpirun itself (its PMIx server, not a rank)
+    still listens on a TCP port of every interface: neither ``oob_tcp_if_include=lo`` nor
+    ``PMIX_MCA_ptl_tcp_if_include=lo`` confines it under Open MPI 4.1.
     """
     np = _check_np(np)
     if not argv:
@@ -94,7 +103,10 @@ def mpirun_command(np: int, argv: Sequence[str], hostfile: str | None = None,
         if not os.path.exists(hostfile):
             raise ConfigError(f"hostfile {hostfile!r} does not exist", hint="write one host per line: 'host slots=N'")
         cmd += ["--hostfile", os.fspath(hostfile)]
-    for key, value in (extra_mca or {}).items():
+    mca = dict(extra_mca or {})
+    if hostfile is None and "btl" not in mca and "OMPI_MCA_btl" not in os.environ:
+        mca["btl"] = LOCAL_BTL
+    for key, value in mca.items():
         cmd += ["--mca", str(key), str(value)]
     for name in FORWARDED_ENV:
         if name in os.environ:

@@ -41,6 +41,38 @@ def test_mpirun_command_defaults():
         assert "--allow-run-as-root" in cmd
 
 
+def test_local_ranks_use_shared_memory_unless_told_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_btl", raising=False)
+    cmd = mpirun_command(2, ["x"])
+    assert cmd[cmd.index("btl") - 1:cmd.index("btl") + 2] == ["--mca", "btl", "self,vader"]
+    assert "self,vader" not in mpirun_command(2, ["x"], extra_mca={"btl": "tcp,self"})
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    assert "btl" not in mpirun_command(2, ["x"], hostfile=str(hostfile))   # other hosts: TCP
+    monkeypatch.setenv("OMPI_MCA_btl", "tcp,self")
+    assert "btl" not in mpirun_command(2, ["x"])
+
+
+def _tcp_listeners():
+    import psutil
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()   # every transport is up
+    me = psutil.Process()
+    conns = me.net_connections("tcp") if hasattr(me, "net_connections") else me.connections("tcp")
+    MPI.Finalize()   # the launcher finalises MPI only through Horovod
+    return sorted((c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN)
+
+
+@pytest.mark.mpi
+def test_local_ranks_listen_on_no_interface():
+    """Open MPI's TCP transport would listen on 0.0.0.0 and :: in every rank."""
+    per_rank = run_on_ranks(_tcp_listeners, 2, timeout_s=120)
+    assert len(per_rank) == 2
+    for listeners in per_rank:
+        assert not [(ip, port) for ip, port in listeners if ip in ("0.0.0.0", "::")], listeners
+
+
 def test_mpirun_command_mca_and_hostfile(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")
