@@ -10,7 +10,7 @@ leak), the resources below are measured, ``--runs`` more runs are made with
 ``px.run(job, plan, steps=2)``, and the resources are measured again:
 
 * processes: this process's descendants (controller and its schedulers, mpiexec, engines,
-  nannies) and its own threads;
+  nannies), its own threads and the engines' threads (sum);
 * open files: file descriptors (files, sockets, pipes) of the client (this process) and of
   the engines (sum);
 * memory: resident set size (RSS) of the client and of the engines (sum), in MiB.
@@ -47,6 +47,7 @@ def measure(cluster) -> dict:
     return {
         "processes": len(descendants),
         "client_threads": me.num_threads(),
+        "engine_threads": sum(p.num_threads() for p in engines),
         "client_open_fds": me.num_fds(),
         "engine_open_fds": sum(p.num_fds() for p in engines),
         "client_rss_mib": me.memory_info().rss / mib,

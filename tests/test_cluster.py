@@ -271,6 +271,31 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
     assert {v.path for v in model.trainable_variables} == set(plan.names)
 
 
+def test_repeated_runs_do_not_grow_engine_memory(cluster, job):
+    """Runs on a reused cluster leave nothing behind on the engines. Each run used to leave
+    ~1 MiB per engine (TensorFlow kept the stacks of the ops it traced, whose bottom frames
+    were new code objects in every ipyparallel task); benchmarks/soak.py measures 200 runs."""
+    pytest.importorskip("parallax_nb.runtime.trainer")
+    from parallax_nb.cluster.dispatch import default_plan
+
+    plan = default_plan(job, "ar")
+    runs = 6
+
+    def one_run():
+        run(job, plan, engines=2, steps=2, cluster=cluster, display=False).wait()
+
+    def rss_mib():
+        return [psutil.Process(e.pid).memory_info().rss / 2 ** 20 for e in cluster.engines]
+
+    for _ in range(2):     # the first runs of an engine import and trace
+        one_run()
+    before = rss_mib()
+    for _ in range(runs):
+        one_run()
+    growth = [b - a for a, b in zip(before, rss_mib())]
+    assert max(growth) < 0.4 * runs, f"engine RSS grew by {growth} MiB over {runs} runs"
+
+
 def test_stop_leaves_no_process(cluster):
     """Last test of the module: stopping the shared cluster leaves no engine, mpiexec or controller."""
     pids = [e.pid for e in cluster.engines] + cluster.mpiexec_pids() + [cluster.controller_pid()]
