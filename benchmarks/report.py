@@ -7,6 +7,13 @@ interface counters (payload plus TCP/IP headers and MPI/Horovod control traffic)
 from the cost model (:func:`parallax_nb.cost.compare_architectures` with one participant per
 rank; plain Horovod is predicted as AR, which assumes unique rows per sparse gradient).
 ``sparse`` is the share of the accounted bytes that belongs to sparse variables.
+
+On an emulated network parallax runs with local aggregation and its accounting counts only
+bytes exchanged with other machines, so its ``pred`` is the cost model's per-machine figure
+for the network's machines (local aggregation on) divided by the ranks per machine; plain
+Horovod (no local aggregation, every peer counted) keeps the per-rank AR figure. ``MB/link/step``
+is what one machine's shaped link carried (kernel counters) beside the model's ``link pred``,
+and the HYBRID ratios on a network compare link bytes.
 """
 from __future__ import annotations
 
@@ -67,12 +74,16 @@ def setting_rows(setting: dict) -> list[dict]:
             continue
         acct = median_of(config, "accounted_bytes_per_rank_per_step")
         pred = setting["prediction"].get(name, float("nan"))
+        link_pred = (setting.get("link_prediction") or {}).get(name, float("nan"))
+        if setting["bandwidth"] and name not in ("horovod", "horovod_sad"):
+            # parallax counts only bytes to other machines: its share of the machine's figure
+            pred = link_pred / setting["workers_per_machine"]
         rows.append({
             "config": name,
             "steps_per_s": median_of(config, "steps_per_s"),
             "examples_per_s": median_of(config, "examples_per_s"),
             "accounted": acct, "kernel": median_of(config, "kernel_bytes_per_rank_per_step"),
-            "link": median_of(config, "kernel_link_bytes_per_machine_per_step"),
+            "link": median_of(config, "kernel_link_bytes_per_machine_per_step"), "link_predicted": link_pred,
             "predicted": pred, "sparse": sparse_bytes(config, sparse_names),
             "sparse_predicted": setting["prediction"]["sparse"].get(name if name in setting["prediction"]["sparse"]
                                                                     else "ar", float("nan")),
@@ -141,7 +152,7 @@ def render_setting(setting: dict) -> str:
     head = (f"  {'configuration':<34} {'steps/s':>8} {'ex/s':>8} | MB/rank/step {'acct':>9} {'kernel':>9} "
             f"{'pred':>9} {'acct/pred':>9} {'kern/pred':>9} | {'sparse':>6}")
     if setting["bandwidth"]:
-        head += f" | {'MB/link/step':>12}"
+        head += f" | {'MB/link/step':>12} {'link pred':>9}"
     lines = [title, head]
     rows = setting_rows(setting)
     for r in rows:
@@ -157,7 +168,7 @@ def render_setting(setting: dict) -> str:
                 f"{_ratio(r['accounted'], r['predicted']):9.3f} {_ratio(r['kernel'], r['predicted']):9.3f} | "
                 f"{100 * _ratio(r['sparse'], r['accounted']):5.1f}%")
         if setting["bandwidth"]:
-            line += f" | {_mb(r['link']):>12}"
+            line += f" | {_mb(r['link']):>12} {_mb(r['link_predicted'])}"
         lines.append(line)
     for name, config in setting["configs"].items():
         sched = config.get("schedule")
@@ -167,11 +178,12 @@ def render_setting(setting: dict) -> str:
     hy = _row(setting, "hybrid")
     if hy:
         parts = []
+        measure = "link" if setting["bandwidth"] else "accounted"  # on a network: what the links carried
         for other in ("horovod", "horovod_sad", "ps"):
             o = _row(setting, other)
             if o:
                 parts.append(f"vs {NAMES[other]}: {_ratio(hy['examples_per_s'], o['examples_per_s']):.2f}x throughput, "
-                             f"{_ratio(o['accounted'], hy['accounted']):.2f}x bytes")
+                             f"{_ratio(o[measure], hy[measure]):.2f}x {'link ' if setting['bandwidth'] else ''}bytes")
         hv = _row(setting, "horovod")
         if hv:
             parts.append(f"sparse-variable bytes Horovod/HYBRID {_ratio(hv['sparse'], hy['sparse']):.2f}x "

@@ -102,12 +102,18 @@ class EmulatedCluster:
         of the hardware topology at an address it picks from its own memory map; two daemons
         on one host doing that at once segfault now and then (Open MPI 4.1, seen about one
         launch in ten), and a daemon dying after ``--daemonize`` leaves mpirun waiting forever.
+
+        ``mpi_yield_when_idle 1``: the machines share this host's cores, so a rank waiting in
+        MPI yields its core instead of spinning on it (Open MPI does this by itself only when
+        it knows a host is oversubscribed). Measured on 2 x 2 ranks on 2 cores: a chain of
+        small alltoalls took 31 ms per collective spinning, 1.4 ms yielding.
         """
         self._require_up()
         return ["--hostfile", self.hostfile, "--map-by", "slot", "--bind-to", "none",
                 "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
                 "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", self.subnet,
-                "--mca", "oob_tcp_if_include", self.subnet, "--mca", "rtc_hwloc_vmhole", "none"]
+                "--mca", "oob_tcp_if_include", self.subnet, "--mca", "rtc_hwloc_vmhole", "none",
+                "--mca", "mpi_yield_when_idle", "1"]
 
     def machine_of_rank(self, rank: int) -> Machine:
         return self.machines[rank // self.workers_per_machine]
