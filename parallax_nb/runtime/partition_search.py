@@ -74,7 +74,7 @@ def search_partitions(job, plan, candidates=None, steps: int = 4, warmup: int = 
 
     Collective: call on every rank with the same arguments. ``steps`` timed steps follow
     ``warmup`` untimed ones (the first traces the step function) for every P. Without
-    ``candidates``: 1, N, 2N, 4N (see :func:`default_candidates`).
+    ``candidates``: N, 2N, 3N, 4N (see :func:`default_candidates`).
     """
     from ..types import Method
     from .context import horovod
