@@ -87,6 +87,17 @@ def test_no_prediction_for_another_cluster_without_profile():
     assert all(r["predicted_bytes_per_step"] is None for r in view.bytes_rows())
 
 
+def test_prediction_is_a_ranks_share_on_the_plans_machines():
+    """Engines on one host run as the plan's machines when the plan has that many workers: each
+    rank is predicted its share of its machine's bytes (the runtime counts bytes per rank)."""
+    plan = make_plan(_profile(), ClusterSpec.create(machines=2, workers_per_machine=2), architecture="auto")
+    predicted = Run(plan=plan, steps=4, engines=4).predicted_bytes_by_variable()
+    assert set(predicted) == {v.name for v in plan.variables}
+    for v in plan.variables:
+        assert predicted[v.name] == pytest.approx(v.bytes_per_step / 2)
+    assert Run(plan=plan, steps=4, engines=3).predicted_bytes_by_variable() == {}
+
+
 class _RecordingController:
     def __init__(self):
         self.stops = 0

@@ -201,33 +201,38 @@ class Run:
     def predicted_bytes_by_variable(self) -> dict[str, float]:
         """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.
 
-        With the profile the run was started with (``run(..., profile=...)``), the prediction is
-        recomputed for the run's own topology: ``engines`` ranks, one per machine, no local
-        aggregation (``cost.variable_cost`` with ``ClusterSpec(machines=engines)``), under the
-        plan's method of each variable. Without a profile, the plan's own figures are used
-        when its cluster is that topology (machines == engines, one worker each); otherwise
-        they describe another cluster and are not comparable, so {} is returned.
+        The engines share this host, so the runtime takes them as the plan's machines when the
+        plan's cluster has exactly ``engines`` workers, else as one machine each (see
+        :mod:`parallax_nb.runtime.topology`); the prediction is for that cluster, divided by
+        its workers per machine (a rank's share; only bytes between machines are counted).
+        With the profile the run was started with (``run(..., profile=...)``) it is recomputed
+        (``cost.variable_cost``) under the plan's method of each variable; without one, the
+        plan's own figures are used when they are for that cluster, else {} is returned.
         """
         plan = self.plan
         if plan is None or not hasattr(plan, "variables") or self.engines < 1:
             return {}
+        cluster = getattr(plan, "cluster", None)
+        planned_here = cluster is not None and cluster.workers == self.engines
+        workers = cluster.workers_per_machine if planned_here else 1
         if self.profile is not None:
             from ..cost.model import variable_cost
             from ..types import ClusterSpec
 
-            topology = ClusterSpec(machines=self.engines, workers_per_machine=1, local_aggregation=False)
+            topology = ClusterSpec(machines=self.engines // workers, workers_per_machine=workers,
+                                   local_aggregation=bool(plan.local_aggregation) and workers > 1)
             out = {}
             for vp in plan.variables:
                 try:
                     cost = variable_cost(self.profile[vp.name], topology)
                 except KeyError:
                     continue
-                out[vp.name] = float(cost.ps_bytes_per_step if vp.method.value == "ps" else cost.ar_bytes_per_step)
+                machine = cost.ps_bytes_per_step if vp.method.value == "ps" else cost.ar_bytes_per_step
+                out[vp.name] = float(machine) / workers
             return out
-        cluster = getattr(plan, "cluster", None)
-        if cluster is None or cluster.machines != self.engines or cluster.workers_per_machine != 1:
+        if not planned_here or (workers > 1 and not plan.local_aggregation):
             return {}
-        return {vp.name: float(vp.bytes_per_step) for vp in plan.variables if vp.bytes_per_step is not None}
+        return {vp.name: float(vp.bytes_per_step) / workers for vp in plan.variables if vp.bytes_per_step is not None}
 
     def summary(self) -> dict:
         """Rank 0's run summary (schema ``parallax_nb.run``); raises if the run has none yet."""
