@@ -221,7 +221,11 @@ class Trainer:
             if kind is Kind.SPARSE:
                 # every rank serves at least one partition of a sparse PS variable: a rank owning
                 # none deadlocked the lookup exchange (Horovod 0.28), so P < N is raised to N
-                parts = max(parts, min(self.ranks, rows))
+                raised = max(parts, min(self.ranks, rows))
+                if raised != parts and self.rank == 0:
+                    _print(f"parallax_nb: PS variable {name!r}: {parts} partition(s) raised to {raised}, one per rank "
+                           f"(every rank serves a share of a sparse PS variable)")
+                parts = raised
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
                             routed=name in self.routed)
 
