@@ -231,6 +231,22 @@ def _modelled(case: dict, variables: dict, ranks: int, n: int, union_of: int = 1
         yield name, info, expected
 
 
+def _even_ownership(info: dict, ranks: int) -> bool:
+    """The model assumes every owner holds 1/N of the rows: only then is a PS sparse figure compared."""
+    return not (info["method"] == "ps" and info["kind"] == "sparse") or info["partitions"] % ranks == 0
+
+
+def _within_5_percent(lines: list, label: str, measured: float, expected: float, checked: bool,
+                      note: str = "") -> int:
+    """Record ``label``'s measured against modelled bytes in ``lines``; when ``checked``, assert
+    they agree within 5%. Returns 1 if checked, else 0."""
+    error = (measured - expected) / expected
+    lines.append(f"{label}: measured {measured:.0f} model {expected:.0f} ({100 * error:+.2f}%){note}")
+    if checked:
+        assert abs(error) < 0.05, "\n".join(lines)
+    return int(checked)
+
+
 @pytest.mark.parametrize("launch", ["two_rank_runs", "three_rank_runs"])
 def test_bytes_match_cost_model(launch, request):
     """Measured bytes per rank per step vs parallax_nb.cost.model with alpha from the same batches."""
@@ -242,16 +258,10 @@ def test_bytes_match_cost_model(launch, request):
         if case.get("resume"):
             continue
         for name, info, expected in _modelled(case, per_rank[0][i]["variables"], ranks, ranks):
-            measured = _measured(per_rank[0][i], name)
-            error = (measured - expected) / expected
-            # the model assumes every owner holds 1/N of the rows: only then is the PS figure compared
-            even = not (info["method"] == "ps" and info["kind"] == "sparse") or info["partitions"] % ranks == 0
-            lines.append(f"{_case_id(case)} {name} {info['method']}/{info['kind']} P={info['partitions']}: "
-                         f"measured {measured:.0f} model {expected:.0f} ({100 * error:+.2f}%)"
-                         + ("" if even else " [uneven ownership: not compared]"))
-            if even:
-                compared += 1
-                assert abs(error) < 0.05, "\n".join(lines)
+            label = f"{_case_id(case)} {name} {info['method']}/{info['kind']} P={info['partitions']}"
+            even = _even_ownership(info, ranks)
+            compared += _within_5_percent(lines, label, _measured(per_rank[0][i], name), expected, even,
+                                          "" if even else " [uneven ownership: not compared]")
     print("\n" + "\n".join(lines))
     assert compared >= 5
 
@@ -280,13 +290,9 @@ def test_local_aggregation_bytes_match_cost_model(local_aggregation_runs):
         for name, info, expected in _modelled(case, per_rank[0][i]["variables"], W, n, G if aggregated else 1):
             expected *= scale
             measured = G * _measured(per_rank[0][i], name)  # mean per rank x ranks per machine
-            error = (measured - expected) / expected
-            even = not (info["method"] == "ps" and info["kind"] == "sparse") or info["partitions"] % W == 0
-            lines.append(f"{_case_id(case)} LA={aggregated} {name} {info['method']}/{info['kind']}: "
-                         f"measured {measured:.0f} model {expected:.0f} ({100 * error:+.2f}%)")
-            if even and (info["kind"] == "sparse" or info["method"] == "ar"):
-                compared += 1
-                assert abs(error) < 0.05, "\n".join(lines)
+            label = f"{_case_id(case)} LA={aggregated} {name} {info['method']}/{info['kind']}"
+            checked = _even_ownership(info, W) and (info["kind"] == "sparse" or info["method"] == "ar")
+            compared += _within_5_percent(lines, label, measured, expected, checked)
     print("\n" + "\n".join(lines))
     assert compared >= 8
 

@@ -60,7 +60,14 @@ class Hierarchy:
         self.W = topology.ranks
         self.machine, self.local = divmod(rank, self.G)
         self.local_peers = [self.machine * self.G + i for i in range(self.G)]
-        self.cross_peers = [k * self.G + self.local for k in range(self.N)]
+        self.cross_peers = self.peers_of(self.local)
+        # every rank grouped by local index (0 first): the order of blocks that a machine's
+        # ranks exchange when rank i handles the owners of local index i
+        self.by_local_index = [r for i in range(self.G) for r in self.peers_of(i)]
+
+    def peers_of(self, local_index: int) -> list[int]:
+        """The ranks of ``local_index`` on every machine, in machine order."""
+        return [k * self.G + local_index for k in range(self.N)]
 
     # ---------------------------------------------------------------- plumbing
     def splits(self, peers: list[int], sizes) -> tf.Tensor:

@@ -164,7 +164,6 @@ class ShardedLookupRouter:
         sharded = self.variables.get(variable_path(params))
         if sharded is None:
             return None
-        hvd, N = self._hvd, self.ranks
         calls = getattr(self, "_calls", None)
         if calls is None:
             self.reset()
@@ -176,45 +175,43 @@ class ShardedLookupRouter:
         unique_ids, position = tf.unique(flat)
         if self.hierarchy is not None and self.hierarchy.G > 1:
             unique_rows = self._machine_lookup(sharded, unique_ids, tag)
-            out = tf.gather(unique_rows, position)
-            return tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(sharded.row_shape, tf.int32)], 0))
-        owner = tf.cast((unique_ids % sharded.partitioning.partitions) % N, tf.int32)
-        order = tf.argsort(owner, stable=True)
-        send_ids = tf.gather(unique_ids, order)
-        splits = tf.math.bincount(owner, minlength=N, maxlength=N, dtype=tf.int32)
-        recv_ids, recv_splits = hvd.alltoall(send_ids, splits=splits, name=f"px_ids_{tag}", ignore_name_scope=True)
-        served = sharded.local_rows(recv_ids)
-        rows = exchange_rows(served, send_splits=recv_splits, receive_splits=splits, tag=tag)
-        unique_rows = tf.gather(rows, tf.argsort(order))
+        else:
+            unique_rows = self._request(sharded, unique_ids, self._owners(sharded, unique_ids), tag)
         out = tf.gather(unique_rows, position)
-        out = tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(sharded.row_shape, tf.int32)], 0))
+        return tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(sharded.row_shape, tf.int32)], 0))
+
+    def _owners(self, sharded: ShardedVariable, ids: tf.Tensor) -> tf.Tensor:
+        return tf.cast((ids % sharded.partitioning.partitions) % self.ranks, tf.int32)
+
+    def _request(self, sharded: ShardedVariable, ids: tf.Tensor, owners: tf.Tensor, tag: str) -> tf.Tensor:
+        """Rows ``ids`` (unique) from their ``owners``: ids out by owner (alltoall), the owners'
+        rows back through :func:`exchange_rows`, in the order of ``ids``; bytes counted."""
+        N = self.ranks
+        order = tf.argsort(owners, stable=True)
+        splits = tf.math.bincount(owners, minlength=N, maxlength=N, dtype=tf.int32)
+        recv_ids, recv_splits = self._hvd.alltoall(tf.gather(ids, order), splits=splits, name=f"px_ids_{tag}",
+                                                   ignore_name_scope=True)
+        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag)
         self._count(sharded, splits, recv_splits)
-        return out
+        return tf.gather(rows, tf.argsort(order))
 
     def _machine_lookup(self, sharded: ShardedVariable, unique_ids: tf.Tensor, tag: str) -> tf.Tensor:
         """Rows of this rank's ``unique_ids``, requested once per machine (module docstring)."""
-        h, N = self.hierarchy, self.ranks
+        h = self.hierarchy
         together, together_splits = h.local_gather(unique_ids, f"px_la_ids_local_{tag}")
         union, union_position = tf.unique(together)
         start = tf.reduce_sum(together_splits[:self.rank])
         mine = tf.slice(union_position, [start], tf.shape(unique_ids))  # my unique ids' places in the union
-        owner = tf.cast((union % sharded.partitioning.partitions) % N, tf.int32)
+        owner = self._owners(sharded, union)
         requester = owner % h.G  # local index of the owner = the local index that asks for the row
         asked = tf.equal(requester, h.local)
-        my_ids, my_owners = tf.boolean_mask(union, asked), tf.boolean_mask(owner, asked)
-        order = tf.argsort(my_owners, stable=True)
-        splits = tf.math.bincount(my_owners, minlength=N, maxlength=N, dtype=tf.int32)
-        recv_ids, recv_splits = self._hvd.alltoall(tf.gather(my_ids, order), splits=splits, name=f"px_ids_{tag}",
-                                                   ignore_name_scope=True)
-        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag)
-        my_rows = tf.gather(rows, tf.argsort(order))
+        my_rows = self._request(sharded, tf.boolean_mask(union, asked), tf.boolean_mask(owner, asked), tag)
         # share with the machine: every rank receives each requester's rows (requesters in rank order)
         counts = [tf.reduce_sum(tf.cast(tf.equal(requester, i), tf.int32)) for i in range(h.G)]
         shared = exchange_rows(tile_rows(my_rows, h.G), send_splits=h.local_splits(tf.shape(my_rows)[0]),
                                receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share")
         places = tf.concat([tf.cast(tf.where(tf.equal(requester, i))[:, 0], tf.int32) for i in range(h.G)], 0)
         union_rows = tf.gather(shared, tf.math.invert_permutation(places))
-        self._count(sharded, splits, recv_splits)
         return tf.gather(union_rows, mine)
 
     def _count(self, sharded: ShardedVariable, splits, recv_splits) -> None:

@@ -235,13 +235,12 @@ class GradientExchange:
             self.ledger.add(sync.name, sum(s * r for s, r in zip(sizes, self.remote)) * itemsize,
                             senders * mine * itemsize)
         else:
-            served = [o for o in range(N) if o % h.G == h.local]  # owners this rank pushes to for its machine
+            served = h.cross_peers  # the owners this rank pushes to for its machine (its local index)
             machine_sum = tf.concat([blocks[o] for o in served], 0)
             if h.G > 1:
-                by_peer = [sum(sizes[o] for o in range(N) if o % h.G == i) for i in range(h.G)]
-                order = [o for i in range(h.G) for o in range(N) if o % h.G == i]
-                received, _ = h.alltoall(tf.concat([blocks[o] for o in order], 0), h.splits(h.local_peers, by_peer),
-                                         f"px_la_push_local_{tag}")
+                by_peer = [sum(sizes[o] for o in h.peers_of(i)) for i in range(h.G)]
+                received, _ = h.alltoall(tf.concat([blocks[o] for o in h.by_local_index], 0),
+                                         h.splits(h.local_peers, by_peer), f"px_la_push_local_{tag}")
                 machine_sum = tf.reduce_sum(tf.reshape(received, [h.G, by_peer[h.local]]), 0)
             received, _ = h.alltoall(machine_sum, h.splits(served, [sizes[o] for o in served]), f"px_la_push_{tag}")
             summed = tf.reduce_sum(tf.reshape(received, [h.N, mine]), 0)
@@ -288,12 +287,11 @@ class GradientExchange:
                 tag = op_tag(sync.name)
                 everything, _ = h.alltoall(tf.tile(own, [h.N]), h.splits(h.cross_peers, [own_size] * h.N),
                                            f"px_la_pull_{tag}")
-                served = [o for o in range(N) if o % h.G == h.local]
                 self.ledger.add(sync.name, own_size * (h.N - 1) * itemsize,
-                                sum(owner_sizes[o] * self.remote[o] for o in served) * itemsize)
+                                sum(owner_sizes[o] * self.remote[o] for o in h.cross_peers) * itemsize)
                 if h.G > 1:
                     everything, _ = h.local_gather(everything, f"px_la_pull_local_{tag}")
-                owners = [o for i in range(h.G) for o in range(N) if o % h.G == i]
+                owners = h.by_local_index
             order = [p for o in owners for p in part.owned_by(o)]
             sizes = [part.rows_in(p) * row for p in order]
             pieces = tf.split(everything, sizes) if len(sizes) > 1 else [everything]

@@ -68,14 +68,6 @@ class Topology:
         """Ranks per machine (the largest machine's when they differ)."""
         return max(len(self.ranks_on(m)) for m in range(self.machines))
 
-    def local_index(self, rank: int) -> int:
-        """Position of ``rank`` among the ranks of its machine (0 = the machine's first rank)."""
-        return self.ranks_on(self.machine_of[rank]).index(rank)
-
-    def peer(self, machine: int, local_index: int) -> int:
-        """The rank at ``local_index`` on ``machine``."""
-        return self.ranks_on(machine)[local_index]
-
     def remote(self, rank: int) -> list[float]:
         """Per rank: 1.0 when it is on another machine than ``rank``, else 0.0 (a byte mask)."""
         mine = self.machine_of[rank]
@@ -85,9 +77,9 @@ class Topology:
         """Share of a rank's peers that are on other machines: ``(W - g) / (W - 1)`` (the cost
         model's ``r``; 0 on one machine). Scales collectives whose traffic is spread evenly
         over the peers (ring allreduce, allgather) when they span all ranks."""
-        if self.ranks <= 1:
-            return 0.0
-        return sum(self.remote(rank)) / (self.ranks - 1)
+        from ..cost.model import remote_share
+
+        return remote_share(self.ranks, len(self.ranks_on(self.machine_of[rank])))
 
     def describe(self) -> str:
         sizes = [len(self.ranks_on(m)) for m in range(self.machines)]

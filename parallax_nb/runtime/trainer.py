@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import sys
 import threading
 import time
@@ -116,7 +115,7 @@ class Trainer:
             raise PlanError(f"the model has several trainable variables with one path: {names}",
                             hint="give every layer a unique name")
         plan.validate_for(names)
-        self._probe_lookups()
+        self._check_first_batch()  # its local forward pass also records what embedding_lookup reads
         self.syncs = [self._variable_sync(v, partitions) for v in trainable]
         self._broadcast_initial_values()
         self._shard_ps_variables()
@@ -136,7 +135,7 @@ class Trainer:
     def _topology(self, workers_per_machine: int | None) -> Topology:
         """Every rank's machine: a host is a hostname plus network namespace (one namespace of
         the emulated cluster is one machine)."""
-        key = f"{socket.gethostname()}/{os.stat('/proc/self/ns/net').st_ino}"
+        key = f"{self.info.hostname}/{os.stat('/proc/self/ns/net').st_ino}"
         keys = self.hvd.allgather_object(key, name="px_hosts") if self.ranks > 1 else [key]
         return resolve_topology(self.ranks, keys, self.plan, workers_per_machine)
 
@@ -154,11 +153,6 @@ class Trainer:
 
     def _first_batch(self):
         return next(iter(self.job.dataset(self.rank, self.ranks).take(1)))
-
-    def _probe_lookups(self) -> None:
-        """One local forward pass on the first batch (:meth:`_first_batch_problem`) records which
-        variables are read through ``embedding_lookup``; the batch is checked on the way."""
-        self._check_first_batch()
 
     def _first_batch_problem(self):
         """(first batch x or None, its shapes, what is wrong with this rank's data or None).
