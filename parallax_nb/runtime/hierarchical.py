@@ -10,13 +10,9 @@ sizes are zero for the ranks it does not talk to, so one mechanism serves both l
 * *cross* steps exchange only with the N ranks of the same local index on every machine, so
   each machine's G ranks share the network work and every byte crosses machines once.
 
-Dense allreduce (:meth:`Hierarchy.allreduce`), the classic two-level ring of W = N * G ranks
-on a buffer of S elements split in G chunks ``c_j`` and each chunk in N sub-chunks ``s_jk``:
-local reduce-scatter (rank j gets its machine's sum of chunk j), cross reduce-scatter and
-cross allgather of chunk j among the N ranks of local index j (the global sum of chunk j),
-local allgather (every rank gets every chunk). A machine sends and receives
-``2 * S * (N - 1) / N`` elements each way: ``4 * m * (N - 1) / N`` bytes, the cost model's AR
-figure with local aggregation, and nothing when N = 1.
+Dense gradients are not aggregated here: a flat allreduce over ranks placed machine by
+machine already crosses machines about as a two-level ring would, in one collective instead
+of four chained ones (``sync.GradientExchange._allreduce_dense``).
 
 Sparse allgather (:meth:`Hierarchy.allgather_sparse`): the machine's ranks gather their
 deduplicated slices and sum them into the machine's union of rows (alpha_G of the rows);
@@ -31,12 +27,6 @@ from __future__ import annotations
 import tensorflow as tf
 
 from .topology import Topology
-
-
-def even_sizes(total: int, parts: int) -> list[int]:
-    """``total`` split in ``parts`` sizes differing by at most one (larger first)."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 def tile_rows(x: tf.Tensor, copies: int) -> tf.Tensor:
@@ -91,39 +81,6 @@ class Hierarchy:
             return x, tf.reshape(tf.shape(x)[0], [1])
         rows = tf.shape(x)[0]
         return self.alltoall(tile_rows(x, self.G), self.local_splits(rows), name)
-
-    # ---------------------------------------------------------------- dense
-    def allreduce(self, grads: list[tf.Tensor], tag: str) -> tuple[list[tf.Tensor], float]:
-        """Sum over all W ranks of each gradient, divided by W, through the two-level ring.
-
-        Returns the averaged gradients and the bytes this rank sent to (= received from)
-        other machines, a Python number (sizes are static)."""
-        shapes = [g.shape for g in grads]
-        sizes = [int(s.num_elements()) for s in shapes]
-        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
-        chunks = even_sizes(sum(sizes), self.G)
-        sub = even_sizes(chunks[self.local], self.N)
-        mine = flat
-        if self.G > 1:
-            received, _ = self.alltoall(flat, self.splits(self.local_peers, chunks), f"px_la_rs_local_{tag}")
-            mine = tf.reduce_sum(tf.reshape(received, [self.G, chunks[self.local]]), 0)
-        chunk = mine
-        if self.N > 1:
-            received, _ = self.alltoall(mine, self.splits(self.cross_peers, sub), f"px_la_rs_cross_{tag}")
-            reduced = tf.reduce_sum(tf.reshape(received, [self.N, sub[self.machine]]), 0)
-            chunk, _ = self.alltoall(tf.tile(reduced, [self.N]),
-                                     self.splits(self.cross_peers, [sub[self.machine]] * self.N),
-                                     f"px_la_ag_cross_{tag}")
-        full = chunk
-        if self.G > 1:
-            full, _ = self.alltoall(tf.tile(chunk, [self.G]), self.local_splits(chunks[self.local]),
-                                    f"px_la_ag_local_{tag}")
-        full = full / self.W
-        pieces = tf.split(full, sizes) if len(sizes) > 1 else [full]
-        averaged = [tf.reshape(p, s) for p, s in zip(pieces, shapes)]
-        # reduce-scatter: the other machines' sub-chunks out, N-1 copies of mine in; allgather: reverse
-        remote_elements = (chunks[self.local] - sub[self.machine]) + (self.N - 1) * sub[self.machine]
-        return averaged, float(remote_elements * flat.dtype.size)
 
     # ---------------------------------------------------------------- sparse
     def allgather_sparse(self, grad: tf.IndexedSlices, row_bytes: int, tag: str):

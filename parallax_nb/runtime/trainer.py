@@ -286,7 +286,7 @@ class Trainer:
         for vs in tape_vars:
             grads.append(flat[offset:offset + len(vs)])
             offset += len(vs)
-        pairs = self.exchange.exchange(grads)
+        pairs, mean_loss = self.exchange.exchange(grads, loss if self.ranks > 1 else None)
         self.optimizer.apply_gradients(pairs)
         # Collectives without a data dependency on this step's work (a pull of a rank that owns
         # no partition) must still start after it, or a rank can sit in them first and starve
@@ -294,18 +294,19 @@ class Trainer:
         done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss]
         with tf.control_dependencies(done):
             self.exchange.pull_dense()
-            mean_loss = tf.identity(loss)
-        with tf.control_dependencies([tf.identity(v.value) for s in self.syncs for v in s.optimizer_variables]):
-            if self.ranks > 1:
-                mean_loss = hvd.allreduce(mean_loss, op=hvd.Average, name="px_loss", ignore_name_scope=True)
+            if mean_loss is None:
+                mean_loss = tf.identity(loss)
+                with tf.control_dependencies([tf.identity(v.value) for s in self.syncs for v in s.optimizer_variables]):
+                    if self.ranks > 1:  # no dense allreduce carried the loss
+                        mean_loss = hvd.allreduce(mean_loss, op=hvd.Average, name="px_loss", ignore_name_scope=True)
         return mean_loss, self.ledger.totals([s.name for s in self.syncs])
 
     def run_step(self, x, y) -> StepRecord:
         start = time.perf_counter()
         loss, byte_totals = self._step_fn(x, y)
-        loss = float(loss)
+        loss, byte_totals = float(loss), byte_totals.numpy()
         elapsed = time.perf_counter() - start
-        by_var = {name: (float(v[0]), float(v[1])) for name, v in byte_totals.items()}
+        by_var = {s.name: (float(sent), float(received)) for s, (sent, received) in zip(self.syncs, byte_totals)}
         self.step += 1
         return StepRecord(step=self.step, loss=loss, examples_per_s=self.ranks * self.job.batch_size / elapsed,
                           step_time_s=elapsed, bytes_sent=sum(s for s, _ in by_var.values()),
