@@ -21,21 +21,9 @@ rank contributes the same number of rows here: the batch shapes are fixed), send
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
-
-@dataclass(frozen=True)
-class BaselineStep:
-    """One step of a baseline on one rank (the fields of parallax_nb's StepRecord)."""
-
-    step: int
-    loss: float
-    examples_per_s: float
-    step_time_s: float
-    bytes_sent: float
-    bytes_received: float
-    bytes_by_variable: dict = field(default_factory=dict)
+from parallax_nb.runtime.result import StepRecord
 
 
 def _gradient_bytes(grad, ranks: int):
@@ -53,8 +41,9 @@ def _gradient_bytes(grad, ranks: int):
 
 
 def horovod_train(job, steps: int, sparse_as_dense: bool = False,
-                  on_step: Callable[[BaselineStep], None] | None = None) -> list[BaselineStep]:
-    """Train ``job`` for ``steps`` steps with plain Horovod on this MPI rank; one record per step."""
+                  on_step: Callable[[StepRecord], None] | None = None) -> list[StepRecord]:
+    """Train ``job`` for ``steps`` steps with plain Horovod on this MPI rank; one record per step
+    (parallax_nb's own :class:`StepRecord`, so both feed the same probes)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
     from parallax_nb.ops import variable_path
@@ -89,7 +78,7 @@ def horovod_train(job, steps: int, sparse_as_dense: bool = False,
         loss = float(loss)  # waits for the step
         elapsed = time.perf_counter() - start
         moved = moved.numpy()
-        record = BaselineStep(step=step, loss=loss, examples_per_s=ranks * job.batch_size / elapsed,
+        record = StepRecord(step=step, loss=loss, examples_per_s=ranks * job.batch_size / elapsed,
                               step_time_s=elapsed, bytes_sent=float(moved[:, 0].sum()),
                               bytes_received=float(moved[:, 1].sum()),
                               bytes_by_variable={n: (float(s), float(r)) for n, (s, r) in zip(names, moved)})

@@ -297,8 +297,10 @@ def main(argv=None) -> int:
     parser.add_argument("--network", nargs="*", default=["2x2@1Gbit/s"],
                         help="emulated networks MACHINESxWORKERS@BANDWIDTH (none: skip)")
     parser.add_argument("--network-configs", nargs="+", default=["horovod", "hybrid"], choices=ALL_CONFIGS)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps before the windows")
-    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
+    parser.add_argument("--warmup", type=int, default=10,
+                        help="untimed steps before the windows (as Horovod's own synthetic benchmarks: "
+                             "a configuration's first steps run slower while its allocations settle)")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
     parser.add_argument("--sad-steps", type=int, default=2,
                         help="steps per window (after 1 warm-up step) for horovod_sad, whose densified "

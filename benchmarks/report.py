@@ -91,6 +91,17 @@ def setting_rows(setting: dict) -> list[dict]:
     return rows
 
 
+def settling(config: dict) -> float:
+    """Median seconds of the warm-up steps after the first (which traces the step) over the
+    median timed step: how much slower a configuration ran before its windows started."""
+    steps, sched = config.get("step_seconds"), config.get("schedule") or {}
+    warmup = sched.get("warmup_steps", 0)
+    if not steps or warmup < 2:
+        return float("nan")
+    timed = steps[warmup:]
+    return _ratio(statistics.median(steps[1:warmup]), statistics.median(timed)) if timed else float("nan")
+
+
 def _row(setting: dict, name: str) -> dict | None:
     for r in setting_rows(setting):
         if r["config"] == name and "error" not in r:
@@ -175,6 +186,12 @@ def render_setting(setting: dict) -> str:
         if sched and not config.get("same_as"):
             lines.append(f"  {NAMES.get(name, name)}: {sched['warmup_steps']} warm-up step(s), "
                          f"{sched['repeats']} windows x {sched['steps_per_repeat']} steps") if name == "horovod_sad" else None
+    settle = [(name, settling(c)) for name, c in setting["configs"].items()
+              if "error" not in c and not c.get("same_as")]
+    settle = [(n, x) for n, x in settle if x == x]
+    if settle:
+        lines.append("  warm-up steps (untimed) took " + ", ".join(
+            f"{NAMES.get(n, n)} {x:.2f}x" for n, x in settle) + " the median timed step")
     hy = _row(setting, "hybrid")
     if hy:
         parts = []

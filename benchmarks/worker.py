@@ -47,15 +47,18 @@ class WindowProbe:
         self.readings: dict[int, tuple[float, dict]] = {}
         self.accounted: list[float] = []
         self.by_variable: list[dict] = []
+        self.ends: list[float] = []  # perf_counter at the end of every step, warm-up included
         self.steps_done = 0
 
     def start(self) -> None:
         self.steps_done = 0
+        self.ends = [time.perf_counter()]
         if 0 in self.boundaries:
             self.readings[0] = (time.perf_counter(), counters.read_interfaces())
 
     def __call__(self, record) -> None:
         self.steps_done += 1
+        self.ends.append(time.perf_counter())
         if self.steps_done in self.boundaries:
             self.readings[self.steps_done] = (time.perf_counter(), counters.read_interfaces())
         self.accounted.append(float(record.bytes_sent) + float(record.bytes_received))
@@ -102,7 +105,10 @@ def summarise(probe_all: list[dict], spec: dict, ranks: int) -> dict:
                         "examples_per_s": per * ranks * spec["batch_size"] / dt,
                         "accounted_bytes_per_rank_per_step": accounted,
                         "accounted_bytes_by_variable": variables, **{f"kernel_{k}": v for k, v in kernel.items()}})
-    return {"windows": windows, "losses_first_last": r0.get("losses")}
+    # every step's seconds on rank 0, the first (tracing, first allocations) and the warm-up
+    # included, so a reader sees how long the configuration took to settle
+    step_seconds = [b - a for a, b in zip(r0["ends"], r0["ends"][1:])]
+    return {"windows": windows, "step_seconds": step_seconds, "losses_first_last": r0.get("losses")}
 
 
 def main(spec_path: str, results_path: str) -> int:
@@ -126,6 +132,7 @@ def main(spec_path: str, results_path: str) -> int:
         methods = run_config(job, config, spec, probe, steps)
         wall = time.perf_counter() - start
         mine = {"netns": counters.namespace_id(), "accounted": probe.accounted, "by_variable": probe.by_variable,
+                "ends": probe.ends,
                 "readings": {str(k): v for k, v in probe.readings.items()}}
         everyone = hvd.allgather_object(mine)
         if rank == 0:
