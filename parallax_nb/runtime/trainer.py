@@ -296,7 +296,8 @@ class Trainer:
             self.exchange.pull_dense()
             if mean_loss is None:
                 mean_loss = tf.identity(loss)
-                with tf.control_dependencies([tf.identity(v.value) for s in self.syncs for v in s.optimizer_variables]):
+                updated = [_updated(v) for s in self.syncs for v in s.optimizer_variables]
+                with tf.control_dependencies(updated):
                     if self.ranks > 1:  # no dense allreduce carried the loss
                         mean_loss = hvd.allreduce(mean_loss, op=hvd.Average, name="px_loss", ignore_name_scope=True)
         return mean_loss, self.ledger.totals([s.name for s in self.syncs])
@@ -456,6 +457,17 @@ def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, chec
     trainer = Trainer(job, plan, workers_per_machine=workers_per_machine)
     return trainer.run(steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
                        on_step=on_step, should_stop=should_stop, step_timeout_s=step_timeout_s)
+
+
+def _updated(variable) -> tf.Tensor:
+    """A tensor that exists once this step's writes to ``variable`` are done, without reading it:
+    the shape of its resource (automatic control dependencies order an op on a resource after
+    the step's earlier writes to it). Reading every variable instead (``tf.identity``) made
+    the LM's PS step 180 ms instead of 76-90 ms on 2 ranks (its two sparse tables are 100 MB
+    each)."""
+    value = getattr(variable, "value", None)
+    handle = value.handle if hasattr(value, "handle") else variable.handle
+    return tf.raw_ops.VariableShape(input=handle)
 
 
 def _print(*args) -> None:
