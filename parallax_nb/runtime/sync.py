@@ -172,17 +172,15 @@ class GradientExchange:
         grads = [g for _, g in dense_ar]
         if loss is not None and loss.dtype != grads[0].dtype:
             loss = None  # e.g. float16 gradients: the loss keeps its own allreduce
+        tensors = grads + ([loss] if loss is not None else [])
         if N > 1:
-            tensors = grads + ([loss] if loss is not None else [])
-            reduced = hvd.grouped_allreduce(tensors, op=hvd.Average, name="px_ar_dense", ignore_name_scope=True)
-        else:
-            reduced = grads + ([loss] if loss is not None else [])
-        mean_loss = reduced[len(grads)] if loss is not None else None
+            tensors = hvd.grouped_allreduce(tensors, op=hvd.Average, name="px_ar_dense", ignore_name_scope=True)
+        mean_loss = tensors[len(grads)] if loss is not None else None
         h = self.hierarchy
         out = []
-        for (sync, _), grad in zip(dense_ar, reduced):
-            if h is not None:
-                sent = received = 2.0 * sync.size_bytes * (h.N - 1) / (h.N * h.G)
+        for (sync, _), grad in zip(dense_ar, tensors):
+            if h is not None:  # the machine's ring share among N machines, 1/G of it per rank
+                sent, received = ring_allreduce_bytes(sync.size_bytes / h.G, h.N)
             else:
                 sent, received = ring_allreduce_bytes(sync.size_bytes, N)
                 sent, received = sent * self.remote_share, received * self.remote_share

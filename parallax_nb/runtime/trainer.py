@@ -296,9 +296,8 @@ class Trainer:
             self.exchange.pull_dense()
             if mean_loss is None:
                 mean_loss = tf.identity(loss)
-                updated = [_updated(v) for s in self.syncs for v in s.optimizer_variables]
-                with tf.control_dependencies(updated):
-                    if self.ranks > 1:  # no dense allreduce carried the loss
+                if self.ranks > 1:  # no dense allreduce carried the loss: its own, after the updates
+                    with tf.control_dependencies([_updated(v) for s in self.syncs for v in s.optimizer_variables]):
                         mean_loss = hvd.allreduce(mean_loss, op=hvd.Average, name="px_loss", ignore_name_scope=True)
         return mean_loss, self.ledger.totals([s.name for s in self.syncs])
 
