@@ -114,7 +114,7 @@ class ProcessPlacer:
                 f"it sees {', '.join(visible) or 'no GPU'} instead of {wanted} alone, and with {local_size} ranks on "
                 "the host every rank would reserve every GPU's memory",
                 hint="run no TensorFlow code on the engines before training (restart them: "
-                     "`%parallax cluster stop`, then start), or set CUDA_VISIBLE_DEVICES per rank yourself")
+                     "`%parallax cluster stop`, then start)")
 
     def _again(self, wanted: str | None, local_rank: int, local_size: int, host: str) -> DevicePlacement:
         """A later call in a process already placed (another run on an engine, the profiler on a
