@@ -11,7 +11,7 @@
 #              instead of tensorflow-cpu, and Horovod built against it, with NCCL when nvcc is
 #              on PATH (its own cached wheel). A venv keeps the mode it was made with.
 #              resolve: only check that those requirements resolve here (pip install --dry-run;
-#              pip downloads every wheel it resolves, 2.6 GB: 34-91 s measured). Default: the venv's mode.
+#              pip downloads every wheel it resolves, 2.6 GB: 33-91 s measured). Default: the venv's mode.
 set -euo pipefail
 
 PX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -107,17 +107,20 @@ install_requirements() {
   fi
 }
 
-# PX_GPU=resolve: do the GPU requirements resolve from this machine's indexes? Installs nothing.
+# PX_GPU=resolve: do the GPU requirements resolve from this machine's indexes? Installs nothing;
+# resolves in a throwaway venv, so that the clone's own venv keeps its mode.
 resolve_gpu_requirements() {
-  local file t0=$SECONDS
-  file="$(mktemp)"
-  gpu_requirements > "$file"
+  local tmp t0=$SECONDS
+  tmp="$(mktemp -d)"
+  local PX_VENV="$tmp/venv"
+  make_venv
+  gpu_requirements > "$tmp/requirements-gpu.txt"
   say "resolving the GPU requirements: tensorflow[and-cuda]==$TF_VERSION (pip install --dry-run; pip downloads every wheel it resolves, ~2.6 GB)"
-  if ! pip_run install --dry-run --ignore-installed -r "$file" | grep '^Would install'; then
-    rm -f "$file"
+  if ! pip_run install --dry-run -r "$tmp/requirements-gpu.txt" | grep '^Would install'; then
+    rm -rf "$tmp"
     die "the GPU requirements do not resolve (see pip's message above)"
   fi
-  rm -f "$file"
+  rm -rf "$tmp"
   say "the GPU requirements resolve ($((SECONDS - t0)) s)"
 }
 
@@ -213,7 +216,6 @@ install_package() {
 px_bootstrap() {
   local t0=$SECONDS
   if [ "$PX_GPU" = resolve ]; then
-    make_venv
     resolve_gpu_requirements
     return 0
   fi
