@@ -12,6 +12,11 @@ naming every failed check and what to do. ``python -m parallax_nb doctor`` print
 Supported: Python 3.10-3.12, TensorFlow 2.17.x or 2.18.x (Horovod 0.28.1, its last release,
 does not build against 2.19+), Horovod built with TensorFlow and MPI, Open MPI's ``mpirun``,
 and mpi4py (ipyparallel's MPI engines).
+
+GPU hosts add three rows that never block a run (a GPU host whose TensorFlow cannot use its
+GPUs still trains, on the CPU): the GPUs TensorFlow lists, the CUDA and cuDNN versions its
+build was made with (``tf.sysconfig.get_build_info()``), and whether Horovod was built with
+NCCL (``hvd.nccl_built()``); each says what to do when something is missing.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ SUPPORTED_PYTHON = ((3, 10), (3, 11), (3, 12))
 SETUP_HINT = "run `bash scripts/setup.sh` from the repository (it installs and verifies everything)"
 MPI_HINT = ("install Open MPI: `apt-get install openmpi-bin libopenmpi-dev` (Debian/Ubuntu), "
             "or run `bash scripts/setup.sh`")
+GPU_SETUP_HINT = ("set up a GPU environment: `PX_GPU=1 PX_VENV=.venv-gpu bash scripts/setup.sh` (installs "
+                  "tensorflow[and-cuda] at the pinned version and builds Horovod against it, with NCCL when nvcc "
+                  "is on PATH)")
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
 HOROVOD_BUILD_HINT = ("rebuild Horovod with TensorFlow and MPI after TensorFlow is installed: "
                       "HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 "
                       "pip install --no-build-isolation --no-cache-dir --force-reinstall horovod==0.28.1 "
@@ -62,6 +71,14 @@ class EnvironmentFacts:
     mpi4py_version: str | None
     is_root: bool = False
     run_as_root_allowed: bool = True
+    gpus: tuple[str, ...] = ()                  # as TensorFlow lists them, e.g. "GPU:0 NVIDIA H100 (compute 9.0)"
+    nvidia_driver: str | None = None            # the loaded NVIDIA kernel driver's version; None: none loaded
+    cuda_visible_devices: str | None = None     # the environment variable, None when unset
+    tensorflow_cuda_build: bool | None = None   # tf.sysconfig.get_build_info()["is_cuda_build"]
+    tensorflow_cuda_version: str | None = None
+    tensorflow_cudnn_version: str | None = None
+    horovod_nccl_code: int | None = None        # hvd.nccl_built(): NCCL_VERSION_CODE, 0 = built without NCCL
+    nvcc_path: str | None = None                # the CUDA toolkit's compiler (Horovod's NCCL build needs it)
 
 
 # ---- pure decisions -----------------------------------------------------------------------------
@@ -149,6 +166,61 @@ def check_run_as_root(is_root: bool, allowed: bool) -> Check:
                  required=False)
 
 
+def nccl_version(code: int) -> str:
+    """NCCL's ``NCCL_VERSION_CODE`` as ``major.minor.patch``: ``X*10000 + Y*100 + Z`` since NCCL
+    2.9, ``X*1000 + Y*100 + Z`` before."""
+    major, rest = (code // 10000, code % 10000) if code >= 20900 else (code // 1000, code % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def check_gpus(gpus: tuple[str, ...], driver: str | None, cuda_build: bool | None, visible_env: str | None) -> Check:
+    """The GPUs TensorFlow lists. No GPU and no NVIDIA driver is a CPU host (fine); a driver with a
+    CPU build of TensorFlow, or a CUDA build that lists no GPU, trains on the CPU by mistake."""
+    if gpus:
+        return Check("gpus", True, f"{len(gpus)} GPU(s): {'; '.join(gpus)}", required=False)
+    if cuda_build:
+        where = f"NVIDIA driver {driver} is loaded" if driver else f"no NVIDIA driver is loaded ({NVIDIA_DRIVER_FILE} is missing)"
+        return Check("gpus", False, f"TensorFlow is a CUDA build but lists no GPU; {where}; CUDA_VISIBLE_DEVICES="
+                     f"{visible_env!r}", "install the NVIDIA driver (`nvidia-smi` must list the GPUs) and unset "
+                     "CUDA_VISIBLE_DEVICES or name the GPUs in it; training runs on the CPU until then", required=False)
+    if driver:
+        return Check("gpus", False, f"NVIDIA driver {driver} is loaded but TensorFlow is the CPU build: training runs "
+                     "on the CPU", GPU_SETUP_HINT, required=False)
+    return Check("gpus", True, "no GPU: a CPU host (training runs on the CPU)", required=False)
+
+
+def check_cuda(cuda_build: bool | None, cuda_version: str | None, cudnn_version: str | None) -> Check:
+    """The CUDA and cuDNN versions TensorFlow was built with (its GPU kernels need a driver that
+    supports that CUDA version)."""
+    if cuda_build is None:
+        return Check("cuda", False, "unknown: TensorFlow is not importable or its build information is not "
+                     "readable", required=False)
+    if not cuda_build:
+        return Check("cuda", True, "TensorFlow is a CPU build (no CUDA)", required=False)
+    return Check("cuda", True, f"TensorFlow built with CUDA {cuda_version or 'unknown'}, cuDNN "
+                 f"{cudnn_version or 'unknown'}", required=False)
+
+
+def check_horovod_nccl(nccl_code: int | None, gpus: tuple[str, ...], nvcc: str | None,
+                       cuda_version: str | None) -> Check:
+    """On a GPU host Horovod should reduce GPU tensors with NCCL; built without it, every collective
+    copies them to host memory and goes through MPI."""
+    if not gpus:
+        built = "unknown" if nccl_code is None else (f"NCCL {nccl_version(nccl_code)}" if nccl_code else "no NCCL")
+        return Check("horovod+nccl", True, f"not needed on a CPU host (Horovod: {built})", required=False)
+    if nccl_code is None:
+        return Check("horovod+nccl", False, "cannot tell whether Horovod has NCCL (horovod.tensorflow unavailable)",
+                     GPU_SETUP_HINT, required=False)
+    if nccl_code:
+        return Check("horovod+nccl", True, f"Horovod built with NCCL {nccl_version(nccl_code)}", required=False)
+    toolkit = (f"nvcc is at {nvcc}: re-run `PX_GPU=1 bash scripts/setup.sh`, which then builds Horovod with "
+               "HOROVOD_GPU_OPERATIONS=NCCL" if nvcc else
+               f"install the CUDA toolkit {cuda_version or 'that TensorFlow was built with'} so that nvcc is on "
+               "PATH, then re-run `PX_GPU=1 bash scripts/setup.sh` (it builds Horovod with HOROVOD_GPU_OPERATIONS=NCCL)")
+    return Check("horovod+nccl", False, "Horovod was built without NCCL: GPU tensors are copied to host memory "
+                 "for every collective and go through MPI", toolkit, required=False)
+
+
 def evaluate(facts: EnvironmentFacts) -> list[Check]:
     """The doctor's table for ``facts``; pure."""
     return [
@@ -160,6 +232,9 @@ def evaluate(facts: EnvironmentFacts) -> list[Check]:
         check_horovod_mpi(facts.horovod_version, facts.horovod_mpi_built),
         check_mpi4py(facts.mpi4py_version),
         check_run_as_root(facts.is_root, facts.run_as_root_allowed),
+        check_gpus(facts.gpus, facts.nvidia_driver, facts.tensorflow_cuda_build, facts.cuda_visible_devices),
+        check_cuda(facts.tensorflow_cuda_build, facts.tensorflow_cuda_version, facts.tensorflow_cudnn_version),
+        check_horovod_nccl(facts.horovod_nccl_code, facts.gpus, facts.nvcc_path, facts.tensorflow_cuda_version),
     ]
 
 
@@ -195,19 +270,53 @@ def _mpirun_version(path: str) -> str | None:
     return first[0].strip() if first else "mpirun"
 
 
+def _nvidia_driver() -> str | None:
+    """The loaded NVIDIA kernel module's version, from its ``/proc`` file (no ``nvidia-smi`` needed)."""
+    try:
+        with open(NVIDIA_DRIVER_FILE) as f:
+            first = f.readline()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(\S+)", first)
+    return m.group(1) if m else first.strip() or "unknown version"
+
+
+def _tensorflow_gpu_facts(tf) -> dict:
+    """GPUs and CUDA build facts; listing physical devices does not start TensorFlow's runtime, so
+    :mod:`parallax_nb.devices` can still choose a rank's GPU afterwards."""
+    gpus = []
+    for device in tf.config.list_physical_devices("GPU"):
+        details = tf.config.experimental.get_device_details(device)
+        capability = details.get("compute_capability")
+        gpus.append(" ".join(filter(None, [
+            device.name.replace("/physical_device:", ""), details.get("device_name"),
+            f"(compute {capability[0]}.{capability[1]})" if capability else None])))
+    build = tf.sysconfig.get_build_info()
+    cuda_build = bool(build.get("is_cuda_build"))
+    return dict(gpus=tuple(gpus), tensorflow_cuda_build=cuda_build,
+                tensorflow_cuda_version=str(build["cuda_version"]) if build.get("cuda_version") else None,
+                tensorflow_cudnn_version=str(build["cudnn_version"]) if build.get("cudnn_version") else None)
+
+
 def probe() -> EnvironmentFacts:
     """Look at this process's Python, TensorFlow, Horovod, mpi4py and ``mpirun``. Never raises."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     tf_version = tf_error = None
+    gpu_facts: dict = {}
     try:
         import tensorflow as tf
 
         tf_version = tf.__version__
     except Exception as e:  # a broken install must become a table row, not a traceback
         tf_error = _error_text(e)
+    if tf_version is not None:
+        try:
+            gpu_facts = _tensorflow_gpu_facts(tf)
+        except Exception:  # the GPU rows then say "unknown"
+            gpu_facts = {}
 
     hvd_version = hvd_error = hvd_tf_error = None
-    mpi_built = None
+    mpi_built = nccl_code = None
     try:
         import horovod
 
@@ -219,6 +328,7 @@ def probe() -> EnvironmentFacts:
             import horovod.tensorflow as hvd
 
             mpi_built = bool(hvd.mpi_built())
+            nccl_code = int(hvd.nccl_built())
         except Exception as e:
             hvd_tf_error = _error_text(e)
 
@@ -239,6 +349,8 @@ def probe() -> EnvironmentFacts:
         horovod_version=hvd_version, horovod_error=hvd_error, horovod_tensorflow_error=hvd_tf_error,
         horovod_mpi_built=mpi_built, mpi4py_version=mpi4py_version,
         is_root=is_root, run_as_root_allowed=allowed,
+        nvidia_driver=_nvidia_driver(), cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        horovod_nccl_code=nccl_code, nvcc_path=shutil.which("nvcc"), **gpu_facts,
     )
 
 

@@ -7,6 +7,11 @@
 #   PX_VENV    virtual environment            (default: <repo>/.venv)
 #   PX_CACHE   wheel cache, outside the clone (default: ~/.cache/parallax_nb)
 #   PX_PYTHON  interpreter for the venv       (default: python3.11, else python3)
+#   PX_GPU     1: a GPU host. tensorflow[and-cuda] at requirements.txt's tensorflow-cpu version
+#              instead of tensorflow-cpu, and Horovod built against it, with NCCL when nvcc is
+#              on PATH (its own cached wheel). A venv keeps the mode it was made with.
+#              resolve: only check that those requirements resolve here (pip install --dry-run;
+#              pip downloads every wheel it resolves, 2.6 GB: 33-91 s measured). Default: the venv's mode.
 set -euo pipefail
 
 PX_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -15,6 +20,7 @@ PX_CACHE="${PX_CACHE:-$HOME/.cache/parallax_nb}"
 HOROVOD_VERSION=0.28.1
 MPI4PY_VERSION=4.1.1
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$PX_ROOT/requirements.txt")"
+PX_GPU="${PX_GPU:-}"
 
 say() { printf '[parallax_nb setup] %s\n' "$*" >&2; }
 die() { printf '[parallax_nb setup] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -65,14 +71,85 @@ make_venv() {
   fi
 }
 
+# requirements.txt for a GPU host: tensorflow[and-cuda] at the version of tensorflow-cpu.
+gpu_requirements() {
+  sed 's/^tensorflow-cpu==/tensorflow[and-cuda]==/' "$PX_ROOT/requirements.txt"
+}
+
+# PX_GPU unset: the venv's mode (the marker .parallax_gpu), else CPU. A venv never changes mode:
+# tensorflow-cpu and tensorflow both provide the `tensorflow` module.
+select_mode() {
+  local marker="$PX_VENV/.parallax_gpu"
+  if [ -z "$PX_GPU" ]; then
+    PX_GPU=0; [ -f "$marker" ] && PX_GPU=1
+  elif [ "$PX_GPU" = 1 ] && [ -x "$PX_VENV/bin/python" ] && [ ! -f "$marker" ]; then
+    die "$PX_VENV was set up for CPU hosts (tensorflow-cpu); set up the GPU environment in another one: PX_GPU=1 PX_VENV=$PX_ROOT/.venv-gpu bash scripts/setup.sh"
+  elif [ "$PX_GPU" = 0 ] && [ -f "$marker" ]; then
+    die "$PX_VENV was set up for GPU hosts (PX_GPU=1); use another PX_VENV for the CPU set-up"
+  elif [ "$PX_GPU" != 0 ] && [ "$PX_GPU" != 1 ]; then
+    die "PX_GPU must be 0, 1 or resolve, got '$PX_GPU'"
+  fi
+  return 0
+}
+
 install_requirements() {
-  local stamp="$PX_VENV/.parallax_requirements" want
-  want="$(sha256sum "$PX_ROOT/requirements.txt" | cut -d' ' -f1)"
+  local stamp="$PX_VENV/.parallax_requirements" want requirements="$PX_ROOT/requirements.txt"
+  if [ "$PX_GPU" = 1 ]; then
+    touch "$PX_VENV/.parallax_gpu"
+    requirements="$PX_VENV/requirements-gpu.txt"
+    gpu_requirements > "$requirements"
+  fi
+  want="$(sha256sum "$requirements" | cut -d' ' -f1)"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing pinned Python dependencies (requirements.txt)"
-    pip_run install -q -r "$PX_ROOT/requirements.txt"
+    say "installing pinned Python dependencies ($(basename "$requirements"))"
+    pip_run install -q -r "$requirements"
     echo "$want" > "$stamp"
   fi
+}
+
+# PX_GPU=resolve: do the GPU requirements resolve from this machine's indexes? Installs nothing;
+# resolves in a throwaway venv, so that the clone's own venv keeps its mode.
+resolve_gpu_requirements() {
+  local tmp t0=$SECONDS
+  tmp="$(mktemp -d)"
+  local PX_VENV="$tmp/venv"
+  make_venv
+  gpu_requirements > "$tmp/requirements-gpu.txt"
+  say "resolving the GPU requirements: tensorflow[and-cuda]==$TF_VERSION (pip install --dry-run; pip downloads every wheel it resolves, ~2.6 GB)"
+  if ! pip_run install --dry-run -r "$tmp/requirements-gpu.txt" | grep '^Would install'; then
+    rm -rf "$tmp"
+    die "the GPU requirements do not resolve (see pip's message above)"
+  fi
+  rm -rf "$tmp"
+  say "the GPU requirements resolve ($((SECONDS - t0)) s)"
+}
+
+# Horovod's build settings (HOROVOD_ENV) and its cache key (HOROVOD_KEY). On a GPU host with the
+# CUDA toolkit, GPU collectives use NCCL: the NCCL of the nvidia-nccl-cu12 wheel that
+# tensorflow[and-cuda] installs, unless HOROVOD_NCCL_HOME names another one.
+horovod_build_settings() {
+  HOROVOD_KEY="tf$TF_VERSION-$(uname -m)"
+  HOROVOD_ENV=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1
+               HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS="-j$(nproc)")
+  [ "$PX_GPU" = 1 ] || return 0
+  local nvcc cuda nccl
+  nvcc="$(command -v nvcc || true)"
+  if [ -z "$nvcc" ]; then
+    say "no nvcc on PATH: Horovod is built without NCCL (GPU tensors go through host memory and MPI); install the CUDA toolkit and re-run for NCCL"
+    HOROVOD_KEY="$HOROVOD_KEY-gpu-nonccl"
+    return 0
+  fi
+  cuda="$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')"
+  HOROVOD_KEY="$HOROVOD_KEY-gpu-cuda$cuda-nccl"
+  HOROVOD_ENV+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME="$(dirname "$(dirname "$nvcc")")")
+  [ -n "${HOROVOD_NCCL_HOME:-}" ] && return 0
+  nccl="$("$PX_VENV/bin/python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+  [ -f "$nccl/include/nccl.h" ] || die "NCCL not found: tensorflow[and-cuda] should have installed nvidia-nccl-cu12; or set HOROVOD_NCCL_HOME to an NCCL installation"
+  # CMake's find_library wants libnccl.so; the wheel ships libnccl.so.2 only.
+  mkdir -p "$PX_CACHE/nccl-lib"
+  ln -sf "$nccl/lib/libnccl.so.2" "$PX_CACHE/nccl-lib/libnccl.so"
+  HOROVOD_ENV+=(HOROVOD_NCCL_INCLUDE="$nccl/include" HOROVOD_NCCL_LIB="$PX_CACHE/nccl-lib"
+                LDFLAGS="-Wl,-rpath,$nccl/lib")
 }
 
 # Build $1==$2 from source into the cache once; later set-ups install the cached wheel.
@@ -101,16 +178,20 @@ install_horovod() {
     return 0
   fi
   local wheel
-  wheel="$(cached_source_wheel horovod "$HOROVOD_VERSION" "tf$TF_VERSION-$(uname -m)" venv \
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
-    HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS="-j$(nproc)")"
+  horovod_build_settings
+  wheel="$(cached_source_wheel horovod "$HOROVOD_VERSION" "$HOROVOD_KEY" venv "${HOROVOD_ENV[@]}")"
   pip_run install -q "$wheel"
   local report
   report="$("$PX_VENV/bin/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed:
 $report"
   if ! grep -q '\[X\] TensorFlow' <<<"$report" || ! grep -q '\[X\] MPI' <<<"$report"; then
-    rm -rf "$PX_CACHE/wheels/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$(uname -m)"
+    rm -rf "$PX_CACHE/wheels/horovod-$HOROVOD_VERSION-$HOROVOD_KEY"
     die "Horovod was built without TensorFlow or MPI support (cached wheel removed; re-run to rebuild):
+$report"
+  fi
+  if [[ "$HOROVOD_KEY" == *-nccl ]] && ! grep -q '\[X\] NCCL' <<<"$report"; then
+    rm -rf "$PX_CACHE/wheels/horovod-$HOROVOD_VERSION-$HOROVOD_KEY"
+    die "Horovod was built without NCCL although nvcc is on PATH (cached wheel removed; re-run to rebuild):
 $report"
   fi
   touch "$PX_VENV/.parallax_horovod_ok"
@@ -134,6 +215,11 @@ install_package() {
 
 px_bootstrap() {
   local t0=$SECONDS
+  if [ "$PX_GPU" = resolve ]; then
+    resolve_gpu_requirements
+    return 0
+  fi
+  select_mode
   install_debian_packages "$@"
   make_venv
   install_requirements

@@ -30,6 +30,8 @@ def run_case(case: dict) -> dict:
 
     job = make_job(case["workload"], case["optimizer"])
     plan = make_plan(job, case["architecture"], case.get("partitions"))
+    placement_at_build: dict = {}
+    job = job.replace(model=_noting_placement(job.model, placement_at_build))
     if "local_aggregation" in case:
         import dataclasses
 
@@ -42,10 +44,28 @@ def run_case(case: dict) -> dict:
                          resume=case.get("resume", False), step_timeout_s=case.get("step_timeout_s", 240))
     out = {"rank": trainer.rank, "storage": storage, "summary": result.summary(), "wall_s": time.perf_counter() - start,
            "losses": [r.loss for r in result.history], "checkpoints": result.checkpoints,
-           "variables": result.variables, "local_aggregation": result.local_aggregation}
+           "variables": result.variables, "local_aggregation": result.local_aggregation,
+           "placement_at_build": placement_at_build}
     if trainer.rank == 0:
         out["weights"] = result.weights
     return out
+
+
+def _noting_placement(build, into: dict):
+    """``build``, noting this rank's device placement and TensorFlow's devices when the model is built."""
+    def build_noting_placement():
+        import dataclasses
+
+        import tensorflow as tf
+        from parallax_nb.devices import current_placement
+
+        placement = current_placement()
+        into.update(placement=dataclasses.asdict(placement) if placement else None,
+                    visible=[d.name for d in tf.config.get_visible_devices()],
+                    physical=[d.name for d in tf.config.list_physical_devices()])
+        return build()
+
+    return build_noting_placement
 
 
 def run_cases(cases: list[dict]) -> list[dict]:

@@ -3,6 +3,11 @@
 The decisions are pure functions of facts, so bad facts (an unsupported TensorFlow, Horovod
 built without TensorFlow or MPI, no mpirun) are fed to them directly; the doctor itself runs
 for real in a subprocess, once on this machine as set up and once with mpirun taken off PATH.
+
+GPU rows: this machine has no GPU, so the GPU host's report (GPUs, CUDA/cuDNN of the
+TensorFlow build, Horovod's NCCL) is simulated: facts as a GPU host's probe would gather them,
+fed to the same pure checks. The set-up's GPU mode (scripts/bootstrap.sh) is tested through its
+bash functions; its CUDA toolkit is a stand-in ``nvcc`` script for the same reason.
 """
 import dataclasses
 import os
@@ -19,7 +24,12 @@ GOOD = env.EnvironmentFacts(
     mpirun_path="/usr/bin/mpirun", mpirun_version="mpirun (Open MPI) 4.1.4",
     horovod_version="0.28.1", horovod_error=None, horovod_tensorflow_error=None, horovod_mpi_built=True,
     mpi4py_version="4.1.1", is_root=True, run_as_root_allowed=True,
+    tensorflow_cuda_build=False, horovod_nccl_code=0,
 )
+SIMULATED_GPU_HOST = dataclasses.replace(
+    GOOD, gpus=("GPU:0 NVIDIA H100 80GB HBM3 (compute 9.0)", "GPU:1 NVIDIA H100 80GB HBM3 (compute 9.0)"),
+    nvidia_driver="550.54.15", tensorflow_cuda_build=True, tensorflow_cuda_version="12.5.1",
+    tensorflow_cudnn_version="9", horovod_nccl_code=22105, nvcc_path="/usr/local/cuda/bin/nvcc")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -109,9 +119,11 @@ def _doctor(path_env):
 def test_doctor_passes_on_this_machine():
     proc = _doctor(os.environ.get("PATH", ""))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("tensorflow", "mpirun", "horovod", "horovod+tensorflow", "horovod+mpi"):
+    for name in ("tensorflow", "mpirun", "horovod", "horovod+tensorflow", "horovod+mpi", "gpus", "cuda",
+                 "horovod+nccl"):
         assert any(line.strip().startswith("[  ok] " + name) for line in proc.stdout.splitlines()), proc.stdout
     assert "all required checks passed" in proc.stdout
+    assert "no GPU: a CPU host" in proc.stdout and "TensorFlow is a CPU build (no CUDA)" in proc.stdout
 
 
 def test_doctor_without_mpirun_exits_nonzero_with_clear_message(tmp_path):
@@ -125,3 +137,117 @@ def test_doctor_without_mpirun_exits_nonzero_with_clear_message(tmp_path):
 
 def test_require_distributed_passes_in_process():
     env.require_distributed()  # this machine is set up: no SetupError
+
+
+def _gpu_rows(facts) -> dict:
+    return {c.name: c for c in env.evaluate(facts) if c.name in ("gpus", "cuda", "horovod+nccl")}
+
+
+def test_cpu_host_report():
+    rows = _gpu_rows(GOOD)
+    assert all(c.ok and not c.required for c in rows.values()), rows
+    assert rows["gpus"].detail == "no GPU: a CPU host (training runs on the CPU)"
+    assert rows["cuda"].detail == "TensorFlow is a CPU build (no CUDA)"
+    assert rows["horovod+nccl"].detail == "not needed on a CPU host (Horovod: no NCCL)"
+
+
+def test_simulated_gpu_host_report():
+    """Simulated: the facts a probe of a 2 x H100 host with tensorflow[and-cuda] would gather."""
+    rows = _gpu_rows(SIMULATED_GPU_HOST)
+    assert all(c.ok for c in rows.values()), rows
+    assert rows["gpus"].detail == ("2 GPU(s): GPU:0 NVIDIA H100 80GB HBM3 (compute 9.0); "
+                                   "GPU:1 NVIDIA H100 80GB HBM3 (compute 9.0)")
+    assert rows["cuda"].detail == "TensorFlow built with CUDA 12.5.1, cuDNN 9"
+    assert rows["horovod+nccl"].detail == "Horovod built with NCCL 2.21.5"
+    table = env.format_table(env.evaluate(SIMULATED_GPU_HOST))
+    assert "[  ok] gpus" in table and "to fix" not in table
+
+
+def test_simulated_gpu_host_with_cpu_tensorflow():
+    facts = dataclasses.replace(GOOD, nvidia_driver="550.54.15")
+    gpus = _gpu_rows(facts)["gpus"]
+    assert not gpus.ok and not gpus.required
+    assert "NVIDIA driver 550.54.15 is loaded but TensorFlow is the CPU build" in gpus.detail
+    assert "PX_GPU=1" in gpus.hint and "scripts/setup.sh" in gpus.hint
+    assert env.setup_error(env.evaluate(facts)) is None  # it still trains, on the CPU
+    assert "[warn] gpus" in env.format_table(env.evaluate(facts))
+
+
+def test_simulated_cuda_build_without_a_visible_gpu():
+    facts = dataclasses.replace(SIMULATED_GPU_HOST, gpus=(), nvidia_driver=None, cuda_visible_devices="")
+    gpus = _gpu_rows(facts)["gpus"]
+    assert not gpus.ok
+    assert "CUDA build but lists no GPU" in gpus.detail and "no NVIDIA driver is loaded" in gpus.detail
+    assert "CUDA_VISIBLE_DEVICES=''" in gpus.detail and "nvidia-smi" in gpus.hint
+
+
+@pytest.mark.parametrize("nvcc, fragment", [
+    ("/usr/local/cuda/bin/nvcc", "nvcc is at /usr/local/cuda/bin/nvcc: re-run `PX_GPU=1 bash scripts/setup.sh`"),
+    (None, "install the CUDA toolkit 12.5.1 so that nvcc is on PATH"),
+])
+def test_simulated_gpu_host_with_horovod_without_nccl(nvcc, fragment):
+    row = _gpu_rows(dataclasses.replace(SIMULATED_GPU_HOST, horovod_nccl_code=0, nvcc_path=nvcc))["horovod+nccl"]
+    assert not row.ok and not row.required and "built without NCCL" in row.detail
+    assert fragment in row.hint and "HOROVOD_GPU_OPERATIONS=NCCL" in row.hint
+
+
+@pytest.mark.parametrize("code, version", [(22105, "2.21.5"), (21805, "2.18.5"), (2708, "2.7.8"), (2804, "2.8.4")])
+def test_nccl_version_codes(code, version):
+    assert env.nccl_version(code) == version
+
+
+def _bootstrap(script: str, venv, **environ) -> subprocess.CompletedProcess:
+    """Run ``script`` after sourcing scripts/bootstrap.sh (its functions only; nothing is installed)."""
+    full = dict(os.environ, PX_VENV=str(venv), PX_CACHE=str(venv / "cache"), **environ)
+    return subprocess.run(["bash", "-c", f'source scripts/bootstrap.sh; {script}'], capture_output=True, text=True,
+                          env=full, cwd=REPO, timeout=60)
+
+
+def test_gpu_requirements_differ_only_in_tensorflow(tmp_path):
+    proc = _bootstrap("gpu_requirements", tmp_path)
+    cpu = open(os.path.join(REPO, "requirements.txt")).read().splitlines()
+    gpu = proc.stdout.splitlines()
+    pinned = [line for line in cpu if line.startswith("tensorflow-cpu==")]
+    assert len(pinned) == 1 and len(gpu) == len(cpu)
+    version = pinned[0].split("==")[1]
+    assert [g for g, c in zip(gpu, cpu) if g != c] == [f"tensorflow[and-cuda]=={version}"]
+
+
+def test_a_venv_keeps_its_mode(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (venv / "bin" / "python").chmod(0o755)
+    cpu_to_gpu = _bootstrap("select_mode", venv, PX_GPU="1")
+    assert cpu_to_gpu.returncode == 1 and "was set up for CPU hosts" in cpu_to_gpu.stderr
+    assert "PX_VENV=" in cpu_to_gpu.stderr and ".venv-gpu" in cpu_to_gpu.stderr
+    assert _bootstrap('select_mode; echo "mode=$PX_GPU"', venv).stdout.strip() == "mode=0"
+    (venv / ".parallax_gpu").touch()
+    assert _bootstrap('select_mode; echo "mode=$PX_GPU"', venv).stdout.strip() == "mode=1"
+    gpu_to_cpu = _bootstrap("select_mode", venv, PX_GPU="0")
+    assert gpu_to_cpu.returncode == 1 and "was set up for GPU hosts" in gpu_to_cpu.stderr
+    assert "PX_GPU must be 0, 1 or resolve, got 'yes'" in _bootstrap("select_mode", venv, PX_GPU="yes").stderr
+
+
+def test_horovod_build_settings_per_mode(tmp_path):
+    """The CUDA toolkit here is a stand-in ``nvcc`` printing its release line (no CUDA on this machine)."""
+    show = 'horovod_build_settings; echo "$HOROVOD_KEY"; printf "%s\\n" "${HOROVOD_ENV[@]}"'
+    cpu = _bootstrap(show, tmp_path, PX_GPU="0").stdout.splitlines()
+    assert cpu[0].startswith("tf2.") and cpu[0].endswith(os.uname().machine)  # the CPU key, as before
+    assert "HOROVOD_WITH_TENSORFLOW=1" in cpu and not any("NCCL" in line for line in cpu)
+
+    no_toolkit = _bootstrap(show, tmp_path, PX_GPU="1", PATH="/usr/bin:/bin")
+    assert no_toolkit.stdout.splitlines()[0] == cpu[0] + "-gpu-nonccl"
+    assert "no nvcc on PATH: Horovod is built without NCCL" in no_toolkit.stderr
+
+    cuda = tmp_path / "cuda" / "bin"
+    cuda.mkdir(parents=True)
+    (cuda / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.5, V12.5.82'\n")
+    (cuda / "nvcc").chmod(0o755)
+    gpu = _bootstrap(show, tmp_path, PX_GPU="1", PATH=f"{cuda}:/usr/bin:/bin", HOROVOD_NCCL_HOME="/opt/nccl")
+    lines = gpu.stdout.splitlines()
+    assert lines[0] == cpu[0] + "-gpu-cuda12.5-nccl"
+    assert {"HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_NCCL_LINK=SHARED",
+            f"HOROVOD_CUDA_HOME={tmp_path / 'cuda'}"} <= set(lines)
+    missing = _bootstrap(show, tmp_path, PX_GPU="1", PATH=f"{cuda}:/usr/bin:/bin")
+    assert missing.returncode == 1 and "NCCL not found" in missing.stderr and "HOROVOD_NCCL_HOME" in missing.stderr

@@ -133,6 +133,21 @@ def test_two_ranks_equal_single_device(two_rank_runs):
     print("\n" + "\n".join(report))
 
 
+def test_every_rank_is_placed_before_its_model_is_built(two_rank_runs):
+    """Each rank's device placement (parallax_nb.devices) was made before its model was built,
+    for its own local rank; on this CPU host it chose no GPU and left TensorFlow's devices as
+    they were (visible = physical = the CPU)."""
+    cases, per_rank = two_rank_runs
+    for rank, results in enumerate(per_rank):
+        for case, out in zip(cases, results):
+            seen = out["placement_at_build"]
+            placement = seen["placement"]
+            assert placement is not None, (rank, case)
+            assert (placement["local_rank"], placement["local_size"]) == (rank, 2)
+            assert placement["gpus_found"] == () and placement["gpu"] is None and not placement["applied"]
+            assert seen["visible"] == seen["physical"] == ["/physical_device:CPU:0"], seen
+
+
 def test_three_ranks_equal_single_device(three_rank_runs):
     cases, per_rank = three_rank_runs
     for i, case in enumerate(cases):

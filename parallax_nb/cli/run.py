@@ -160,8 +160,8 @@ def _rank_main(args) -> int:
 
     try:
         configure_threads()
+        info = rank_info()  # Horovod up and this rank's GPU chosen before the user's module runs
         job = load_job(args.job)
-        info = rank_info()
         plan = _plan_on_rank(job, args, info)
         search = None
         if args.partitions == "auto":

@@ -210,6 +210,9 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
            stop: "StopFlag") -> dict:
     """The body of :func:`train_on_engine`, on the training thread."""
     from ..job import Job
+    from ..runtime.context import horovod
+
+    horovod()   # this rank's GPU is chosen before the job, Keras or the training run anything
 
     comm = _mpi_comm()
     rank = comm.Get_rank() if comm is not None else 0

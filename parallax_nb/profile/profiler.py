@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 import platform
+import socket
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..devices import DevicePlacement, place_process
 from ..errors import JobError, ParallaxError, ProfileError
 from ..job import Job
 from ..types import MAX_LOCAL_WORKERS, Profile
@@ -77,16 +79,16 @@ def _next_batch(iterator, step: int, job: Job):
         raise ProfileError(f"the data function of {job.name!r} failed at step {step}: {checks._first_line(e)}") from None
 
 
-def _environment(memory_method: str, warmup: int, steps: int, steps_wall_s: float, no_gradient: list[str]) -> dict:
+def _environment(memory_method: str, warmup: int, steps: int, steps_wall_s: float, no_gradient: list[str],
+                 placement: DevicePlacement) -> dict:
     import keras
     import tensorflow as tf
 
-    gpus = tf.config.list_logical_devices("GPU")
     return {
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
         "python": platform.python_version(),
-        "device": gpus[0].name if gpus else f"CPU ({platform.processor() or platform.machine()})",
+        "device": placement.label if placement.gpu else f"CPU ({platform.processor() or platform.machine()})",
         "memory_measure": memory_method,
         "step_time_measure": "median wall time of the profiled steps (train step + unique sparse ids to host)",
         "warmup_steps": warmup,
@@ -187,6 +189,10 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
     model builder that returns no Keras model, a model without trainable variables, data that
     is not ``(x, y)`` pairs or does not fit the model, ids outside an embedding's rows, and
     ``steps < 1``.
+
+    It measures on the GPU a rank trains on (local rank 0's GPU, or this rank's own GPU when
+    called on a rank; :mod:`parallax_nb.devices`), or the CPU on a CPU host, and names it in
+    ``environment["device"]`` (the report shows it).
     """
     if not isinstance(job, Job):
         raise JobError(f"profile_job needs a parallax_nb.Job, got {type(job).__name__}",
@@ -196,6 +202,8 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
     max_workers = _check_count("max_workers", max_workers, 1)
     import tensorflow as tf
 
+    # the GPU local rank 0 trains on (or the one this rank already uses), before any TensorFlow op
+    placement = place_process(0, 1, socket.gethostname())
     with PeakMemoryMeter() as meter:
         model, optimizer, iterator, first = _prepare(job)
         rec = _run_steps(job, model, optimizer, iterator, first, steps, warmup)
@@ -210,7 +218,7 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
         else:
             profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
     no_gradient = [n for n, kind in rec.kinds.items() if kind == "none"]
-    environment = _environment(meter.method, warmup, steps, float(sum(rec.step_times_s)), no_gradient)
+    environment = _environment(meter.method, warmup, steps, float(sum(rec.step_times_s)), no_gradient, placement)
     environment["profiled_steps_cpu_s"] = rec.steps_cpu_s
     environment["statistics_wall_s"] = time.perf_counter() - stats_start
     return Profile(model_name=job.name, batch_size=job.batch_size, steps=steps,

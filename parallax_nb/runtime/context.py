@@ -31,7 +31,8 @@ class RankInfo:
 
 
 def horovod():
-    """``horovod.tensorflow``, initialised; a clear SetupError when it is missing or broken."""
+    """``horovod.tensorflow``, initialised, and this rank given its own GPU on a GPU host
+    (:mod:`parallax_nb.devices`); a clear SetupError when it is missing or broken."""
     global _initialised
     try:
         import horovod.tensorflow as hvd
@@ -43,6 +44,9 @@ def horovod():
         if not hvd.mpi_enabled():
             raise SetupError("Horovod was built without MPI support",
                              hint="rebuild with HOROVOD_WITH_MPI=1 (scripts/setup.sh does)")
+        from ..devices import place_process
+
+        place_process(hvd.local_rank(), hvd.local_size(), socket.gethostname())  # before any TensorFlow op
         _initialised = True
     return hvd
 

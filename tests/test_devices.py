@@ -1,0 +1,140 @@
+"""One GPU per rank (parallax_nb.devices).
+
+The choice is a pure function, tested for every host of 1-8 GPUs with 1-8 ranks. Applying it
+goes through ``tf.config``; no GPU exists on the machines these tests run on, so those tests
+hand :class:`ProcessPlacer` a simulated ``tf.config`` of a host with G GPUs (the same calls
+TensorFlow offers: list, set visible, memory growth, and the RuntimeError TensorFlow raises once
+its runtime has started). Real TensorFlow on this CPU host is checked on every rank of a real
+2-rank mpirun launch in tests/test_runtime.py.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+
+from parallax_nb.devices import DevicePlacement, ProcessPlacer, gpu_for_rank
+from parallax_nb.errors import SetupError
+
+Device = namedtuple("Device", "name device_type")
+
+
+def gpu_names(count: int) -> tuple[str, ...]:
+    return tuple(f"/physical_device:GPU:{i}" for i in range(count))
+
+
+@pytest.mark.parametrize("gpus", range(1, 9))
+@pytest.mark.parametrize("local_size", range(1, 9))
+def test_every_rank_gets_its_own_gpu_or_a_clear_error(gpus, local_size):
+    names = gpu_names(gpus)
+    if gpus >= local_size:
+        chosen = [gpu_for_rank(r, local_size, names, "node7") for r in range(local_size)]
+        assert chosen == list(range(local_size))  # distinct, all in range
+        return
+    for r in range(local_size):
+        with pytest.raises(SetupError) as err:
+            gpu_for_rank(r, local_size, names, "node7")
+        text = str(err.value)
+        assert "host 'node7'" in text and f"runs {local_size} ranks" in text
+        assert f"local ranks 0..{local_size - 1}" in text and f"only {gpus} GPU(s)" in text
+        assert all(n in text for n in names)
+        assert f"at most {gpus} rank(s) per host" in err.value.hint
+
+
+@pytest.mark.parametrize("local_size", range(1, 9))
+def test_a_cpu_host_gets_no_gpu(local_size):
+    assert all(gpu_for_rank(r, local_size, (), "cpu-host") is None for r in range(local_size))
+
+
+@pytest.mark.parametrize("local_rank, local_size, fragment", [
+    (2, 2, "local rank 2 is outside the 2 rank(s)"), (-1, 2, "local_rank must be a whole number >= 0"),
+    (0, 0, "local_size must be a whole number >= 1"), (True, 2, "got True"), (0, 2.0, "got 2.0"),
+])
+def test_impossible_ranks_are_refused(local_rank, local_size, fragment):
+    with pytest.raises(SetupError) as err:
+        gpu_for_rank(local_rank, local_size, gpu_names(4), "h")
+    assert fragment in str(err.value) and "host 'h'" in str(err.value)
+
+
+class SimulatedConfig:
+    """``tf.config``'s device calls on a host with ``gpus`` GPUs (no GPU here). ``started``: the
+    TensorFlow runtime has started, so visibility and memory growth raise RuntimeError, as in TF."""
+
+    def __init__(self, gpus: int, started: bool = False):
+        self.physical = [Device(n, "GPU") for n in gpu_names(gpus)]
+        self.visible = list(self.physical)
+        self.growth: dict[str, bool] = {}
+        self.started = started
+        self.calls: list[str] = []
+        self.experimental = self
+
+    def list_physical_devices(self, kind):
+        return list(self.physical) if kind == "GPU" else [Device("/physical_device:CPU:0", "CPU")]
+
+    def get_visible_devices(self, kind):
+        return list(self.visible)
+
+    def set_visible_devices(self, devices, kind):
+        self.calls.append("set_visible_devices")
+        if self.started:
+            raise RuntimeError("Visible devices cannot be modified after being initialized")
+        self.visible = list(devices)
+
+    def set_memory_growth(self, device, enable):
+        self.calls.append("set_memory_growth")
+        if self.started:
+            raise RuntimeError("Physical devices cannot be modified after being initialized")
+        self.growth[device.name] = enable
+
+
+@pytest.mark.parametrize("gpus, local_size", [(1, 1), (4, 4), (6, 4), (8, 8)])
+def test_each_rank_sees_only_its_gpu_with_memory_growth(gpus, local_size):
+    for rank in range(local_size):
+        config = SimulatedConfig(gpus)
+        placement = ProcessPlacer(config).place(rank, local_size, "gpu-host")
+        wanted = f"/physical_device:GPU:{rank}"
+        assert [d.name for d in config.visible] == [wanted]
+        assert config.growth == {wanted: True}
+        assert placement == DevicePlacement("gpu-host", rank, local_size, gpu_names(gpus), wanted, applied=True)
+        assert placement.label == f"GPU {wanted} (local rank {rank} of {local_size}, {gpus} GPUs on host gpu-host)"
+
+
+def test_a_cpu_host_is_left_unchanged():
+    config = SimulatedConfig(0)
+    placement = ProcessPlacer(config).place(1, 2, "cpu-host")
+    assert config.calls == [] and placement.gpu is None and not placement.applied and placement.label == "CPU"
+
+
+def test_fewer_gpus_than_ranks_changes_nothing():
+    config = SimulatedConfig(2)
+    with pytest.raises(SetupError, match="host 'gpu-host' runs 4 ranks"):
+        ProcessPlacer(config).place(3, 4, "gpu-host")
+    assert config.calls == [] and len(config.visible) == 2
+
+
+def test_started_tensorflow_is_an_error_only_when_ranks_share_the_host():
+    alone = ProcessPlacer(SimulatedConfig(4, started=True)).place(0, 1, "h")
+    assert alone.gpu == "/physical_device:GPU:0" and not alone.applied  # what TF computes on by default
+    with pytest.raises(SetupError, match="before parallax_nb could give it its own GPU") as err:
+        ProcessPlacer(SimulatedConfig(4, started=True)).place(1, 4, "h")
+    assert "/physical_device:GPU:1 alone" in str(err.value) and "restart them" in err.value.hint
+
+
+def test_a_process_is_placed_once():
+    """An engine trains many times in one process; the profiler may run on a placed rank."""
+    config = SimulatedConfig(4)
+    placer = ProcessPlacer(config)
+    first = placer.place(2, 4, "h")
+    assert placer.place(2, 4, "h") == first
+    assert placer.place(0, 1, "h") == first  # the profiler on this rank measures on the rank's GPU
+    assert config.calls == ["set_memory_growth", "set_visible_devices"]
+    with pytest.raises(SetupError, match="already computes on /physical_device:GPU:2, but as local rank 3"):
+        placer.place(3, 4, "h")
+
+
+def test_a_profiled_process_cannot_become_another_ranks_process():
+    placer = ProcessPlacer(SimulatedConfig(4))
+    assert placer.place(0, 1, "h").gpu == "/physical_device:GPU:0"
+    assert placer.place(0, 4, "h").local_size == 4
+    with pytest.raises(SetupError, match="must use /physical_device:GPU:1"):
+        placer.place(1, 4, "h")
