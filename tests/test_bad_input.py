@@ -481,12 +481,17 @@ def test_full_disk_names_path_and_bytes_and_keeps_the_previous_checkpoint(tmp_pa
 
 
 # ----------------------------------------------------------------------------- command line runs
-def _launch(argv, markers=None, timeout=300):
+def _launch(argv, markers=None, tmpdir=None):
+    """Start ``python -m parallax_nb ...``; ``tmpdir``: its TMPDIR (so a test can see exactly
+    what this run, its mpirun and its ranks leave there, whatever else runs on the machine)."""
     from parallax_nb.launch import rank_environment
 
     env = rank_environment({"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
     if markers is not None:
         env["PX_TEST_MARKERS"] = str(markers)
+    if tmpdir is not None:
+        os.makedirs(tmpdir, exist_ok=True)
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.Popen([sys.executable, "-m", "parallax_nb", *map(str, argv)], cwd=TESTS, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
@@ -508,16 +513,11 @@ def _final_error(err: str) -> str:
     return err[err.rindex(marker):]
 
 
-def _tmp_entries() -> set:
-    return {n for n in os.listdir("/tmp") if n.startswith(("parallax-run-", "parallax-ranks-"))}
-
-
 @pytest.mark.mpi
 def test_cli_nan_at_learning_rate_1e30_stops_with_the_step_and_keeps_checkpoints(lm_plan_file, tmp_path):
-    before = _tmp_entries()
-    out = tmp_path / "out"
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
     code, err = _finish(_launch(["run", "reliability_cases:nan_lm_job", "--plan", lm_plan_file["ar"], "--np", 2,
-                                 "--steps", 8, "--checkpoint-every", 1, "--output", out]))
+                                 "--steps", 8, "--checkpoint-every", 1, "--output", out], tmpdir=tmp))
     assert code == 2, err[-3000:]
     message = _final_error(err)
     _assert_clear(message, r"NumericError: step \d: the loss is not finite .* on rank\(s\) \[0, 1\]|"
@@ -532,7 +532,7 @@ def test_cli_nan_at_learning_rate_1e30_stops_with_the_step_and_keeps_checkpoints
         assert all(np.isfinite(np.asarray(ckpt.weight(n))).all() for n in ckpt.weight_names), path
     _no_half_written(out)
     assert not (out / ".parallax-run.lock").exists()
-    assert _tmp_entries() <= before, f"left in /tmp: {_tmp_entries() - before}"
+    assert os.listdir(tmp) == [], f"left in TMPDIR: {os.listdir(tmp)}"
     print(f"\nlr 1e30: {message.splitlines()[0]}; kept {[os.path.basename(p) for p in kept]}")
 
 
@@ -590,13 +590,13 @@ def test_cli_names_a_sigkilled_rank_and_its_host(lm_plan_file, tmp_path):
 
 @pytest.mark.mpi
 def test_cli_second_run_on_one_output_is_refused_and_nothing_is_left_in_tmp(lm_plan_file, tmp_path):
-    """The first run is still running when the second starts; after it, /tmp holds nothing new."""
+    """The first run is still running when the second starts; after it, its TMPDIR (where the
+    launcher's folder, Open MPI's session folder and the ranks' temporary files go) is empty."""
     import socket
 
-    before = _tmp_entries()
-    out = tmp_path / "out"
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
     first = _launch(["run", "reliability_cases:good_lm_job", "--plan", lm_plan_file["ar"], "--np", 2, "--steps", 3,
-                     "--output", out])
+                     "--output", out], tmpdir=tmp)
     deadline = time.monotonic() + 60
     while not (out / ".parallax-run.lock").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -611,7 +611,7 @@ def test_cli_second_run_on_one_output_is_refused_and_nothing_is_left_in_tmp(lm_p
     rows = (out / "history.csv").read_text().splitlines()
     assert len(rows) == 1 + 3 * 2, rows     # one run's history, not two interleaved
     _no_half_written(out)
-    assert _tmp_entries() <= before, f"left in /tmp: {_tmp_entries() - before}"
+    assert os.listdir(tmp) == [], f"left in TMPDIR: {os.listdir(tmp)}"
     # a lock left by a dead process is taken over
     (out / ".parallax-run.lock").write_text(json.dumps({"pid": 999999, "host": socket.gethostname(), "started": "x"}))
     from parallax_nb.cli.output_folder import OutputLock

@@ -77,7 +77,7 @@ class Trainer:
             raise PlanError(f"the model has several trainable variables with one path: {names}",
                             hint="give every layer a unique name")
         plan.validate_for(names)
-        self._watch("started", 0, SLOW_LIMIT_S)
+        self._watch("started", 0, self.watchdog.wait_limit if self.watchdog else None)
         barrier("started")  # the data start-up below is timed from the same moment on every rank
         self._watch("first batch", 0, STEP)
         self._check_first_batch()  # its local forward pass also records what embedding_lookup reads
@@ -424,14 +424,15 @@ class Trainer:
 
     def _trace(self, x, y, step: int) -> None:
         """Trace the step function outside the step's deadline (tracing is slow, not hung; it
-        gets :data:`.watchdog.SLOW_LIMIT_S`), then wait for every rank to finish tracing, so
-        that step 1 is timed with the user's step timeout like every other step."""
+        gets :data:`.watchdog.SLOW_LIMIT_S`), then wait for every rank to finish tracing (a
+        rank still tracing extends the wait, one that hangs elsewhere is named after the step
+        timeout), so that step 1 is timed with the user's step timeout like every other step."""
         if self.watchdog is None:
             return
         self._watch("tracing", step, SLOW_LIMIT_S)
         with self._user_errors():
             self._step_fn.get_concrete_function(x, y)
-        self._watch("traced", step, SLOW_LIMIT_S)
+        self._watch("traced", step, self.watchdog.wait_limit)
         barrier(f"traced_{step}")
         self._watch("step", step, STEP)
 

@@ -118,6 +118,12 @@ class Watchdog(threading.Thread):
         with self._lock:
             self._timeout, self._deadline = timeout, time.monotonic() + timeout
 
+    @property
+    def wait_limit(self):
+        """Deadline of a wait for every rank (a barrier): the step timeout when heartbeats tell
+        a slow rank (still tracing, starting) from a hung one, else :data:`SLOW_LIMIT_S`."""
+        return STEP if self.heartbeats.directory is not None else SLOW_LIMIT_S
+
     def disarm(self) -> None:
         with self._lock:
             self._deadline = None
@@ -151,7 +157,8 @@ class Watchdog(threading.Thread):
         now = time.time()
         beats = hb.read()
         mine = _position(me)
-        behind = {r: b for r, b in beats.items() if r != hb.rank and (b is None or _position(b) < mine)}
+        behind = {} if hb.directory is None else {
+            r: b for r, b in beats.items() if r != hb.rank and (b is None or _position(b) < mine)}
         for b in behind.values():
             if b is None:
                 continue
