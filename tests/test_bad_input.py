@@ -596,7 +596,7 @@ def test_cli_second_run_on_one_output_is_refused_and_nothing_is_left_in_tmp(lm_p
 
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     first = _launch(["run", "reliability_cases:good_lm_job", "--plan", lm_plan_file["ar"], "--np", 2, "--steps", 3,
-                     "--output", out], tmpdir=tmp)
+                     "--output", out, "--resume-if-present"], tmpdir=tmp)   # nothing to resume: starts at step 0
     deadline = time.monotonic() + 60
     while not (out / ".parallax-run.lock").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -610,6 +610,7 @@ def test_cli_second_run_on_one_output_is_refused_and_nothing_is_left_in_tmp(lm_p
     assert (out / "model.keras").exists() and not (out / ".parallax-run.lock").exists()
     rows = (out / "history.csv").read_text().splitlines()
     assert len(rows) == 1 + 3 * 2, rows     # one run's history, not two interleaved
+    assert [r.split(",")[0] for r in rows[1:]] == ["1", "1", "2", "2", "3", "3"], rows
     _no_half_written(out)
     assert os.listdir(tmp) == [], f"left in TMPDIR: {os.listdir(tmp)}"
     # a lock left by a dead process is taken over

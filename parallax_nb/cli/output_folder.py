@@ -18,6 +18,8 @@ import socket
 import sys
 import time
 
+import psutil
+
 from ..errors import ConfigError
 
 LOCK_NAME = ".parallax-run.lock"
@@ -38,16 +40,6 @@ def check_writable(output: str) -> None:
         except OSError as e:
             raise ConfigError(f"the output folder {folder!r} is not writable: {e.strerror or e}",
                               hint="choose another --output, or fix its permissions; nothing was trained") from None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class OutputLock:
@@ -72,7 +64,7 @@ class OutputLock:
             except FileExistsError:
                 holder = self._holder() or {}
                 pid, host = holder.get("pid"), holder.get("host")
-                if host == self.host and isinstance(pid, int) and not _alive(pid):
+                if host == self.host and isinstance(pid, int) and not psutil.pid_exists(pid):
                     print(f"parallax_nb run: taking over the stale lock of pid {pid} (no longer running) on "
                           f"{os.path.dirname(self.path)}", file=sys.stderr, flush=True)
                     os.unlink(self.path)

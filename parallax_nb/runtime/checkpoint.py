@@ -34,6 +34,7 @@ import shutil
 import time
 
 import numpy as np
+import psutil
 
 from ..errors import CheckpointError
 from ..io import atomic_write_text, load_json
@@ -167,20 +168,10 @@ def remove_stale_temporaries(directory: str) -> list[str]:
         return removed
     for name in os.listdir(directory):
         m = _TEMPORARY.match(name)
-        if m and not _alive(int(m.group(1))):
+        if m and (int(m.group(1)) == os.getpid() or not psutil.pid_exists(int(m.group(1)))):
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
             removed.append(os.path.join(directory, name))
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
 
 
 def _write(path: str, trainer, weights: dict, optimizer: dict) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops
-from ..errors import DistributedError, JobError, ParallaxError, PlanError
+from ..errors import JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
@@ -49,6 +49,7 @@ from .sync import GradientExchange, VariableSync
 from .topology import Topology, resolve_topology
 from . import guards
 from .watchdog import KEEP, SLOW_LIMIT_S, STEP, Watchdog, start_watchdog
+
 
 class Trainer:
     """One rank's part of a synchronous data-parallel run of ``job`` under ``plan``.
@@ -77,9 +78,10 @@ class Trainer:
             raise PlanError(f"the model has several trainable variables with one path: {names}",
                             hint="give every layer a unique name")
         plan.validate_for(names)
-        self._watch("started", 0, self.watchdog.wait_limit if self.watchdog else None)
-        barrier("started")  # the data start-up below is timed from the same moment on every rank
-        self._watch("first batch", 0, STEP)
+        if self.watchdog is not None:  # the data start-up below is timed from one moment on every rank
+            self._watch("started", 0, self.watchdog.wait_limit)
+            barrier("started")
+            self._watch("first batch", 0, STEP)
         self._check_first_batch()  # its local forward pass also records what embedding_lookup reads
         self._watch("set-up", 0, None)
         self.syncs = [self._variable_sync(v, partitions) for v in trainable]
