@@ -52,6 +52,7 @@ _EXPORTS = {
     "SetupError": ("parallax_nb.errors", "SetupError"),
     "DistributedError": ("parallax_nb.errors", "DistributedError"),
     "CheckpointError": ("parallax_nb.errors", "CheckpointError"),
+    "NumericError": ("parallax_nb.errors", "NumericError"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -45,3 +45,7 @@ class DistributedError(ParallaxError, RuntimeError):
 
 class CheckpointError(ParallaxError, RuntimeError):
     """A checkpoint is missing, corrupted, or from another model."""
+
+
+class NumericError(ParallaxError, RuntimeError):
+    """Training went numerically wrong: a loss, gradient or weight is NaN or infinite."""

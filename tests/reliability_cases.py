@@ -193,3 +193,304 @@ class Unpickler:
 
     def __reduce__(self):
         return (_create_marker, (self.marker,))
+
+
+# ----------------------------------------------------------------------------- issue 19: silent wrong outcomes
+# Jobs the CLI loads by name (``python -m parallax_nb run reliability_cases:<name>``) and jobs
+# the grouped launch :func:`guard_cases` trains. Faults come from the data or the optimizer,
+# never from replacing TensorFlow, Horovod or MPI.
+KILL_AT_EXAMPLE = 12     # shard 1 SIGKILLs itself when training reads this example (step 4 of batch 4)
+LATE_BAD_STEP = 9        # ids out of range from this step on (the first batch is clean)
+
+
+def _recommender_config():
+    from parallax_nb.workloads.recommender import RecommenderConfig
+
+    return RecommenderConfig.of_size("tiny", num_examples=256)
+
+
+def recommender_with(data=None, loss=None, name="recommender-bad", learning_rate=None, batch_size=8):
+    """The tiny recommender with another data function, loss or learning rate."""
+    from parallax_nb.workloads import recommender_job
+
+    job = recommender_job("tiny", batch_size=batch_size, learning_rate=learning_rate, num_examples=256)
+    changes = {"name": name}
+    if data is not None:
+        changes["data"] = data
+    if loss is not None:
+        changes["loss"] = loss
+    return job.replace(**changes)
+
+
+def _recommender_arrays(shard_index: int, num_shards: int):
+    from parallax_nb.workloads.data import shard_rows
+    from parallax_nb.workloads.recommender import recommender_examples
+
+    cats, dense, labels = recommender_examples(_recommender_config())
+    features = {f"cat_{i}": shard_rows(c, shard_index, num_shards).copy() for i, c in enumerate(cats)}
+    features["dense"] = shard_rows(dense, shard_index, num_shards).copy()
+    return features, shard_rows(labels, shard_index, num_shards).copy()
+
+
+def inf_on_rank_1_at_step_3(shard_index: int, num_shards: int, batch_size: int = 8):
+    """Shard 1's dense features of step 3 hold +inf: that rank's loss is NaN/inf in step 3 only."""
+    import numpy as np
+    import tensorflow as tf
+
+    features, labels = _recommender_arrays(shard_index, num_shards)
+    if shard_index == 1:
+        features["dense"][2 * batch_size:3 * batch_size, 0] = np.inf
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def labels_of_width_7(shard_index: int, num_shards: int):
+    """Labels of shape (7,) per example against the model's (1,) output."""
+    import numpy as np
+    import tensorflow as tf
+
+    features, labels = _recommender_arrays(shard_index, num_shards)
+    return tf.data.Dataset.from_tensor_slices((features, np.repeat(labels, 7, axis=1)))
+
+
+def scalar_labels(shard_index: int, num_shards: int):
+    """Labels of shape () per example against the model's (1,) output."""
+    import tensorflow as tf
+
+    features, labels = _recommender_arrays(shard_index, num_shards)
+    return tf.data.Dataset.from_tensor_slices((features, labels[:, 0]))
+
+
+def squared_error(y_true, y_pred):
+    """A plain loss function without Keras's squeeze: (b,) labels - (b, 1) outputs is (b, b)."""
+    import tensorflow as tf
+
+    return tf.square(tf.cast(y_true, tf.float32) - y_pred)
+
+
+def mean_squared_error(y_true, y_pred):
+    """Keras's mean squared error: it squeezes a trailing 1, then broadcasts whatever else differs."""
+    import keras
+
+    return keras.losses.mean_squared_error(y_true, y_pred)
+
+
+def features_only(shard_index: int, num_shards: int):
+    """A dataset of features without labels."""
+    import tensorflow as tf
+
+    features, _ = _recommender_arrays(shard_index, num_shards)
+    return tf.data.Dataset.from_tensor_slices(features)
+
+
+def _lm_corpus_shard(shard_index: int, num_shards: int):
+    from parallax_nb.workloads.data import shard_rows
+    from parallax_nb.workloads.lm import lm_corpus
+
+    return shard_rows(lm_corpus(_lm_config()), shard_index, num_shards).copy()
+
+
+def late_bad_ids(shard_index: int, num_shards: int, batch_size: int = 4, bad_id: int = 5000):
+    """Shard 1's token ids are ``bad_id`` from step LATE_BAD_STEP on; the first batches are clean."""
+    corpus = _lm_corpus_shard(shard_index, num_shards)
+    if shard_index == 1:
+        corpus[(LATE_BAD_STEP - 1) * batch_size:, 3] = bad_id
+    return _features(corpus)
+
+
+_PASSES = {"n": 0}
+
+
+def _generated(corpus, before_example):
+    """The LM examples of ``corpus`` through a Python generator that calls
+    ``before_example(i, pass_number)`` before yielding example i (pass_number counts the
+    passes over the data in this process: the trainer's first-batch check makes two, so
+    training reads in pass 3)."""
+    import tensorflow as tf
+
+    T = corpus.shape[1] - 1
+
+    def generate():
+        _PASSES["n"] += 1
+        passes = _PASSES["n"]
+        for i, row in enumerate(corpus):
+            before_example(i, passes)
+            yield {"tokens": row[:-1], "targets": row[1:]}, row[1:]
+
+    spec = tf.TensorSpec((T,), tf.as_dtype(corpus.dtype))
+    return tf.data.Dataset.from_generator(generate, output_signature=({"tokens": spec, "targets": spec}, spec))
+
+
+def hang_in_first_batch(shard_index: int, num_shards: int):
+    """Shard 1's data never yields its first example (its reader hangs)."""
+    def before(i, _):
+        if shard_index == 1:
+            _mark("hang_at")
+            time.sleep(HANG_S)
+
+    return _generated(_lm_corpus_shard(shard_index, num_shards), before)
+
+
+def hang_in_step_1(shard_index: int, num_shards: int):
+    """Shard 1's data passes the first-batch check, then hangs when training reads step 1."""
+    def before(i, passes):
+        if shard_index == 1 and passes > 2:
+            _mark("hang_at")
+            time.sleep(HANG_S)
+
+    return _generated(_lm_corpus_shard(shard_index, num_shards), before)
+
+
+def killed_at_step_4(shard_index: int, num_shards: int):
+    """Shard 1 SIGKILLs its own process when training reads example KILL_AT_EXAMPLE."""
+    def before(i, passes):
+        if shard_index == 1 and passes > 2 and i == KILL_AT_EXAMPLE:
+            _mark("killed_at")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return _generated(_lm_corpus_shard(shard_index, num_shards), before)
+
+
+def _mark(name: str) -> None:
+    folder = os.environ.get("PX_TEST_MARKERS")
+    if folder:
+        _write(os.path.join(folder, name), repr(time.time()))
+
+
+def _lm(data, name, **kwargs):
+    return lm_job_with_data(data, name=name, **kwargs)
+
+
+# jobs by name for the CLI (functions of no arguments that return the Job)
+def _lm_with_lr(lr: float, name: str):
+    from parallax_nb.workloads import lm_job
+
+    return lm_job("tiny", batch_size=4, num_examples=256, learning_rate=lr).replace(name=name)
+
+
+def nan_lm_job():
+    """SGD at learning rate 1e30: the weights overflow after step 1, the loss is NaN from step 2."""
+    return _lm_with_lr(1e30, "lm-lr-1e30")
+
+
+def good_lm_job():
+    return _lm_with_lr(0.5, "lm-good")
+
+
+def late_bad_ids_job():
+    return _lm(late_bad_ids, "lm-late-bad-ids")
+
+
+def hang_in_first_batch_job():
+    return _lm(hang_in_first_batch, "lm-hang-first-batch")
+
+
+def hang_in_step_1_job():
+    return _lm(hang_in_step_1, "lm-hang-step-1")
+
+
+def killed_at_step_4_job():
+    return _lm(killed_at_step_4, "lm-killed")
+
+
+def bad_layer_name_job():
+    """A Dense layer named 'my layer!': fine eagerly, refused as a name scope in tf.function."""
+    import functools
+
+    return recommender_with(name="recommender-bad-layer-name").replace(
+        model=functools.partial(_model_with_bad_layer_name, _recommender_config()))
+
+
+def _model_with_bad_layer_name(config):
+    import keras
+
+    from parallax_nb.workloads.recommender import build_recommender_model
+
+    base = build_recommender_model(config)
+    out = keras.layers.Dense(1, name="my layer!")(base.output)
+    return keras.Model(base.input, out)
+
+
+# ----------------------------------------------------------------------------- the grouped launch
+GUARD_CASES = ("nan_lr_ar", "nan_lr_hybrid", "nan_lr_ps", "inf_data_rank_1", "labels_width_7",
+               "labels_plain_loss_broadcast", "features_only", "checkpoint_fallback", "all_checkpoints_corrupt",
+               "stale_temporary_removed", "layer_name")
+
+
+def _guard_job(case: str):
+    if case.startswith("nan_lr"):
+        return recommender_with(learning_rate=1e30, name=f"recommender-{case}")
+    return {"inf_data_rank_1": lambda: recommender_with(inf_on_rank_1_at_step_3, name=case),
+            "labels_width_7": lambda: recommender_with(labels_of_width_7, loss=mean_squared_error, name=case),
+            "labels_plain_loss_broadcast": lambda: recommender_with(scalar_labels, loss=squared_error, name=case),
+            "features_only": lambda: recommender_with(features_only, name=case),
+            "layer_name": bad_layer_name_job}.get(case, lambda: recommender_with(name=case))()
+
+
+def _guard_arch(case: str) -> str:
+    return {"nan_lr_ar": "ar", "nan_lr_ps": "ps"}.get(case, "hybrid")
+
+
+def guard_cases(workdir: str, cases=GUARD_CASES) -> dict:
+    """Run every case of GUARD_CASES on these ranks, one after the other; for each, what
+    happened: the error's class and message (every rank raises the same one together, so
+    the ranks stay in step for the next case), the steps done, the checkpoints left and
+    whether every array in them is finite."""
+    import numpy as np
+
+    from parallax_nb.errors import ParallaxError
+    from parallax_nb.plan import plan_for_kinds
+    from parallax_nb.runtime.checkpoint import checkpoint_folders, load
+    from parallax_nb.runtime.reference import variable_kinds
+    from parallax_nb.runtime.trainer import train
+
+    out = {}
+    for case in cases:
+        job = _guard_job(case)
+        clean = recommender_with()   # the plan comes from the job's model with good data and loss
+        clean = job.replace(data=clean.data, loss=clean.loss)
+        plan = plan_for_kinds(variable_kinds(clean), _guard_arch(case), model_name=job.name)
+        folder = os.path.join(workdir, case)
+        steps, kwargs = 6, dict(checkpoint_dir=folder, checkpoint_every=1, step_timeout_s=120)
+        if case in ("checkpoint_fallback", "all_checkpoints_corrupt", "stale_temporary_removed"):
+            train(job, plan, 4, checkpoint_dir=folder, checkpoint_every=2)
+            if _rank() == 0:
+                _prepare_checkpoints(case, folder)
+            from parallax_nb.runtime.context import barrier
+
+            barrier(f"prepared_{case}")
+            kwargs.update(resume=True)
+        record = {"error": None, "message": None, "steps_done": None}
+        try:
+            result = train(job, plan, steps, **kwargs)
+            record.update(steps_done=result.steps_done, first_step=result.history[0].step if result.history else None)
+        except ParallaxError as e:
+            record.update(error=type(e).__name__, message=str(e))
+        saved = {}
+        for path in checkpoint_folders(folder):
+            try:
+                ckpt = load(path, verify=True)
+                saved[os.path.basename(path)] = bool(all(np.isfinite(np.asarray(ckpt.weight(n))).all()
+                                                         for n in ckpt.weight_names))
+            except ParallaxError as e:
+                saved[os.path.basename(path)] = f"unreadable: {e.message}"
+        record["checkpoints"] = saved
+        record["temporaries"] = sorted(n for n in os.listdir(folder) if n.startswith(".tmp")) \
+            if os.path.isdir(folder) else []
+        out[case] = record
+    return out
+
+
+def _prepare_checkpoints(case: str, folder: str) -> None:
+    """Damage the checkpoints of a finished 4-step run as ``case`` needs (rank 0)."""
+    import json
+
+    if case == "stale_temporary_removed":
+        os.makedirs(os.path.join(folder, ".tmp-ckpt-00000006-999999", "arrays"))
+        return
+    names = ["ckpt-00000004"] if case == "checkpoint_fallback" else ["ckpt-00000004", "ckpt-00000002"]
+    for name in names:
+        meta = json.load(open(os.path.join(folder, name, "meta.json")))
+        array = os.path.join(folder, name, sorted(meta["weights"].values())[0])
+        with open(array, "r+b") as f:   # 60 bytes of 0xFF inside the data: NaNs if it were trusted
+            f.seek(os.path.getsize(array) - 60)
+            f.write(b"\xff" * 60)

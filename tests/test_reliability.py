@@ -59,7 +59,7 @@ FAIL_WITHIN_S = 60.0
 STOP_WITHIN_S = 30.0
 HANG_LIMIT_S = 45.0     # step_timeout_s (5 s) + failure grace (3 s) + slack for a busy machine
 OUR_ERRORS = {"ParallaxError", "ConfigError", "JobError", "ProfileError", "PlanError", "CheckpointError",
-              "DistributedError"}
+              "DistributedError", "NumericError"}
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -330,6 +330,16 @@ def test_corrupted_checkpoint_on_resume_is_named(damage, cluster, job, plan, ref
     _damage(folder / os.path.basename(source), damage)
     err, _ = _run_bad(cluster, job, plan, steps=STEPS + 2, checkpoint_dir=str(folder), resume=True)
     _assert_clean_error(err, r"checkpoint.*(corrupted|unreadable|not valid)", f"corrupted checkpoint ({damage})")
+
+
+def test_nan_on_engines_stops_the_run_naming_the_step(cluster):
+    """px.run is guarded like the command line: SGD at learning rate 1e30 under HYBRID."""
+    from parallax_nb.cluster.dispatch import default_plan
+
+    job = rc.recommender_with(learning_rate=1e30, name="recommender-lr-1e30")
+    err, the_run = _run_bad(cluster, job, default_plan(job, "hybrid"), steps=6)
+    _assert_clean_error(err, r"step \d: the loss is not finite \(NaN or inf\) on rank\(s\) \[0, 1\]", "NaN on engines")
+    assert the_run.steps_done < 6
 
 
 def test_cluster_is_usable_after_bad_input(cluster, job, plan):

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, required=True, help="train until this step")
     parser.add_argument("--output", required=True, help="directory for model.keras, history.csv, run.json, checkpoints/")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K steps (and at the end)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUTPUT/checkpoints")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest valid checkpoint in OUTPUT/checkpoints (an error if there is none)")
+    parser.add_argument("--resume-if-present", action="store_true",
+                        help="like --resume, but start from step 0 when OUTPUT/checkpoints holds no checkpoint")
+    parser.add_argument("--profile", help="profile.json of this job: its peak memory sizes the check of this host's "
+                                          "memory against the ranks asked for")
+    parser.add_argument("--force", action="store_true",
+                        help="start even when the ranks asked for exceed this host's cores or memory")
     parser.add_argument("--partitions", default=None,
                         help="partitions of every PS variable: a number, or 'auto' to measure and fit t(P)")
     parser.add_argument("--hostfile", help="mpirun hostfile (default: all ranks on this machine)")
@@ -43,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args) -> None:
+    """Refuse bad arguments before anything starts (in the launcher and again on every rank)."""
     if args.np < 1:
         raise ConfigError(f"--np must be >= 1, got {args.np}")
     if args.steps < 0:
@@ -63,6 +72,21 @@ def _check(args) -> None:
                 raise ValueError
         except ValueError:
             raise ConfigError(f"--partitions must be a whole number >= 1 or 'auto', got {args.partitions!r}") from None
+    if args.step_timeout is not None and not args.step_timeout > 0:
+        raise ConfigError(f"--step-timeout must be a positive number of seconds, got {args.step_timeout:g}")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise ConfigError(f"--output {args.output!r} is an existing file, not a folder",
+                          hint="pass a folder path (it is created if missing)")
+    if args.resume and args.resume_if_present:
+        raise ConfigError("give either --resume or --resume-if-present, not both")
+    if args.resume:
+        from ..runtime.checkpoint import checkpoint_folders
+
+        if not checkpoint_folders(os.path.join(args.output, "checkpoints")):
+            raise ConfigError(f"--resume: there is no checkpoint to resume from in {args.output}/checkpoints",
+                              hint="pass --resume-if-present to start from step 0 when there is none, or drop --resume")
 
 
 def main(args) -> int:
@@ -76,20 +100,53 @@ def main(args) -> int:
 
 
 def _launch(args) -> int:
-    """Start mpirun with ``--np`` ranks running this command; report the first failing rank."""
-    from ..launch import _read_failures, kill_process_group, mpirun_command, rank_environment, start_mpirun
+    """Check the output folder and this host, lock the folder, start mpirun with ``--np``
+    ranks running this command; report the first failing rank (or the one that died)."""
+    from ..launch import check_host_resources
+    from .output_folder import OutputLock, check_writable
 
-    os.makedirs(args.output, exist_ok=True)
+    from ..job import load_job
+
+    check_writable(args.output)
+    load_job(args.job)  # fail here, before mpirun, on a job spec that does not name a Job
     if args.plan:
         from ..plan import Plan
 
         Plan.from_json(args.plan)  # fail here, before mpirun, on a bad plan file
+    if args.hostfile is None:
+        check_host_resources(args.np, _peak_memory_per_rank(args.profile), force=args.force)
+    with OutputLock(args.output):
+        errors = tempfile.mkdtemp(prefix="parallax-run-")
+        try:
+            return _run_mpirun(args, errors)
+        finally:
+            shutil.rmtree(errors, ignore_errors=True)
+
+
+def _peak_memory_per_rank(profile_path: str | None) -> int | None:
+    if not profile_path:
+        return None
+    from ..io import load_json
+
+    try:
+        return int(load_json(profile_path, what="profile")["peak_memory_bytes"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"--profile {profile_path!r} has no peak_memory_bytes",
+                          hint="pass a profile.json written by `python -m parallax_nb profile`") from None
+
+
+def _run_mpirun(args, errors: str) -> int:
+    from ..launch import OutputPump, _read_failures, kill_process_group, mpi_exit_culprit, mpirun_command, \
+        rank_environment, start_mpirun
+
     argv = [sys.executable, "-m", "parallax_nb", "run", *_argv_of(args)]
-    errors = tempfile.mkdtemp(prefix="parallax-run-")
     cmd = mpirun_command(args.np, argv, hostfile=args.hostfile)
     env = rank_environment({"PARALLAX_NB_RANK_ERROR_DIR": errors})
     print(f"parallax_nb run: {args.np} ranks: {' '.join(cmd[:6])} ...", file=sys.stderr, flush=True)
-    proc = start_mpirun(cmd, env=env, stdin=subprocess.DEVNULL)
+    proc = start_mpirun(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pumps = [OutputPump(proc.stdout, echo=True, sink=sys.stdout), OutputPump(proc.stderr, echo=True, sink=sys.stderr)]
+    for pump in pumps:
+        pump.start()
     try:
         proc.wait(timeout=args.timeout)
     except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
@@ -99,11 +156,20 @@ def _launch(args) -> int:
         raise DistributedError(f"the run did not finish within {args.timeout:g} s and was stopped") from None
     finally:
         kill_process_group(proc)
+        for pump in pumps:
+            pump.join(timeout=5)
     failures = _read_failures(errors)
     if failures:
         rank, _, text = failures[0]
         raise DistributedError(f"rank {rank} of {args.np} failed:\n{text.rstrip()}")
     if proc.returncode != 0:
+        culprit = mpi_exit_culprit("".join(pump.text for pump in pumps))
+        if culprit is not None:
+            rank, host, how = culprit
+            raise DistributedError(f"rank {rank} of {args.np} on host {host or '?'} died: {how} (mpirun exited with status "
+                                   f"{proc.returncode})",
+                                   hint="SIGKILL (9) often means out of memory: see `dmesg`; the other ranks were "
+                                        "stopped")
         raise DistributedError(f"mpirun exited with status {proc.returncode}")
     print(f"parallax_nb run: wrote {args.output}/model.keras, history.csv, run.json", file=sys.stderr)
     return 0
@@ -116,7 +182,8 @@ def _argv_of(args) -> list[str]:
                         ("--step-timeout", args.step_timeout), ("--workers-per-machine", args.workers_per_machine)):
         if value is not None:
             out += [flag, str(value)]
-    return out + (["--resume"] if args.resume else [])
+    flags = [("--resume", args.resume), ("--resume-if-present", args.resume_if_present), ("--force", args.force)]
+    return out + [flag for flag, on in flags if on]
 
 
 def _plan_on_rank(job, args, info):
@@ -190,7 +257,8 @@ def _train_and_write(job, plan, args, info, search) -> None:
     from ..runtime.trainer import train
 
     result = train(job, plan, args.steps, checkpoint_dir=os.path.join(args.output, "checkpoints"),
-                   checkpoint_every=args.checkpoint_every, resume=args.resume, step_timeout_s=args.step_timeout,
+                   checkpoint_every=args.checkpoint_every, resume=args.resume or args.resume_if_present,
+                   step_timeout_s=args.step_timeout,
                    workers_per_machine=args.workers_per_machine)
     rows = [dict(record.to_row(), rank=info.rank) for record in result.history]
     if info.size > 1:

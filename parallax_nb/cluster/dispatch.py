@@ -235,9 +235,6 @@ class RunController:
                 self.run.fail(err)
 
 
-_MPI_EXIT = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
-
-
 _RANK_REPORT = re.compile(r"\[parallax_nb\] rank (\d+) failed:\n(.*?)(?=\n\[parallax_nb\] rank|\Z)", re.S)
 
 
@@ -252,23 +249,12 @@ def _rank_report(output: str) -> tuple[int, str] | None:
     return int(m.group(1)), (exception_lines[0] if exception_lines else "failed")
 
 
-_MPI_EXIT_CODE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
-
-
 def _mpi_exit_culprit(output: str) -> tuple[int, str] | None:
     """(rank, "killed by signal N (NAME)") from Open MPI's report of the rank that died first."""
-    m = _MPI_EXIT.search(output or "")
-    if not m:
-        code = _MPI_EXIT_CODE.search(output or "")
-        return (int(code.group(1)), f"exit code {code.group(2)}") if code else None
-    import signal
+    from ..launch import mpi_exit_culprit
 
-    number = int(m.group(3))
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        name = "?"
-    return int(m.group(1)), f"killed by signal {number} ({name})"
+    culprit = mpi_exit_culprit(output)
+    return (culprit[0], culprit[2]) if culprit else None
 
 
 def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster | None = None,

@@ -141,9 +141,23 @@ def check_sparse_rows(name: str, unique_rows: np.ndarray, rows: int, step: int) 
             hint="ids must be integers in [0, vocabulary size); check the data function or enlarge the table")
 
 
+_SCOPE_NAME = re.compile(r"'([^']*)' is not a valid (?:root )?scope name")
+
+
+def layer_name_error(error: Exception) -> ProfileError | None:
+    """TensorFlow refuses some layer names as name scopes inside ``tf.function`` (spaces,
+    most punctuation); that is a naming problem, not a data problem."""
+    m = _SCOPE_NAME.search(str(error))
+    if not m:
+        return None
+    return ProfileError(f"the layer name {m.group(1)!r} cannot be used inside tf.function: TensorFlow name scopes "
+                        "take letters, digits and . _ - / only, and start with a letter, digit or .",
+                        hint="rename the layer, e.g. name=" + repr(re.sub(r"[^A-Za-z0-9_.\-/]", "_", m.group(1))))
+
+
 def step_error(error: Exception, model, x, step: int) -> ProfileError:
     """Why the step failed, in the user's terms: what the model expects versus what the data gave."""
-    found = out_of_range_error(error, model, step)
+    found = out_of_range_error(error, model, step) or layer_name_error(error)
     if found is not None:
         return found
     reason = _first_line(error)

@@ -2,8 +2,9 @@
 
 A checkpoint is a directory ``ckpt-<step, 8 digits>/``:
 
-* ``meta.json``: schema ``parallax_nb.checkpoint`` v1, step, ranks, architecture, and the file
-  of every array;
+* ``meta.json``: schema ``parallax_nb.checkpoint`` v2, step, ranks, architecture, the file of
+  every array, the SHA-256 of every file (``sha256``) and of the manifest itself
+  (``manifest_sha256``: of the JSON of everything else, keys sorted);
 * ``arrays/*.npy``: every model variable by path (PS variables gathered whole from their
   owners) and the optimizer state in single-device layout: the slots of each variable
   (``"<path>:<slot>"``, e.g. ``"embedding/embeddings:momentum"``, gathered whole for PS) and
@@ -11,14 +12,21 @@ A checkpoint is a directory ``ckpt-<step, 8 digits>/``:
 * ``model.weights.h5``: the user's single-device model with these weights
   (``model.load_weights(...)``).
 
-It is written into a temporary directory next to the target and renamed, so a crash leaves
-either no checkpoint or a whole one. Resuming reads the arrays memory-mapped and each owner
+It is written into a temporary directory ``.tmp-ckpt-<step>-<pid>`` next to the target and
+renamed, so a crash leaves either no checkpoint or a whole one; the temporary directories of
+dead writers are removed when the next run starts. Nothing non-finite is written, and a disk
+without room for it is refused before writing (the bytes needed and free are named), so the
+previous checkpoint always stays. Resuming verifies the checksums and falls back to the
+newest checkpoint that verifies, naming the ones it skipped (v1 checkpoints, without
+checksums, are read unverified). Resuming reads the arrays memory-mapped and each owner
 takes only its partitions' rows, so a resumed PS run never loads the full table on one rank;
 the data position is the step (each rank skips ``step`` batches of its shard), so a resumed
 run continues exactly where the interrupted one stopped.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import re
@@ -26,17 +34,31 @@ import shutil
 import time
 
 import numpy as np
+import psutil
 
 from ..errors import CheckpointError
 from ..io import atomic_write_text, load_json
 
 CHECKPOINT_SCHEMA = "parallax_nb.checkpoint"
-CHECKPOINT_SCHEMA_VERSION = 1
+CHECKPOINT_SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _NAME = re.compile(r"^ckpt-(\d{8})$")
+_TEMPORARY = re.compile(r"^\.tmp-ckpt-\d{8}-(\d+)$")
+#: room kept free beyond the checkpoint's arrays, for meta.json and HDF5's own structure
+HEADROOM_BYTES = 1 << 20
 
 
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:08d}"
+
+
+def checkpoint_folders(directory: str) -> list[str]:
+    """Every ``ckpt-XXXXXXXX`` folder in ``directory``, newest first, complete or not."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    found = [(int(m.group(1)), os.path.join(directory, name)) for name in os.listdir(directory)
+             if (m := _NAME.match(name))]
+    return [path for _, path in sorted(found, reverse=True)]
 
 
 def latest_checkpoint(directory: str) -> str | None:
@@ -98,9 +120,14 @@ def _optimizer_state(trainer) -> dict[str, np.ndarray]:
 
 def save(trainer, directory: str) -> str:
     """Write a checkpoint of ``trainer`` at its current step; collective, rank 0 writes.
-    Returns the checkpoint's path (on every rank)."""
+    Returns the checkpoint's path (on every rank). Every rank refuses non-finite values
+    alike (:class:`~parallax_nb.errors.NumericError`) before anything is written."""
+    from .guards import check_finite_arrays
+
     weights = trainer.weights()
     optimizer = _optimizer_state(trainer)
+    check_finite_arrays(weights, trainer.step, "checkpoint")
+    check_finite_arrays(optimizer, trainer.step, "checkpoint (optimizer state)")
     path = os.path.join(os.path.abspath(directory), checkpoint_name(trainer.step))
     if trainer.rank == 0:
         _write(path, trainer, weights, optimizer)
@@ -110,29 +137,87 @@ def save(trainer, directory: str) -> str:
     return path
 
 
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _manifest_sha256(meta: dict) -> str:
+    body = {k: v for k, v in meta.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _needed_bytes(weights: dict, optimizer: dict) -> int:
+    """Arrays once as .npy, the weights again in model.weights.h5, plus headroom."""
+    w = sum(np.asarray(a).nbytes for a in weights.values())
+    return 2 * w + sum(np.asarray(a).nbytes for a in optimizer.values()) + HEADROOM_BYTES
+
+
+def _check_room(path: str, needed: int) -> None:
+    free = shutil.disk_usage(os.path.dirname(path)).free
+    if needed > free:
+        raise CheckpointError(f"no room for checkpoint {path}: it needs about {needed} bytes ({needed / 2**20:.1f} MiB), "
+                              f"the disk has {free} bytes ({free / 2**20:.1f} MiB) free",
+                              hint="free disk space or point the checkpoints elsewhere; the previous checkpoint is kept")
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Remove ``.tmp-ckpt-*-<pid>`` folders whose writer is no longer running; their paths."""
+    removed = []
+    if not directory or not os.path.isdir(directory):
+        return removed
+    for name in os.listdir(directory):
+        m = _TEMPORARY.match(name)
+        if m and (int(m.group(1)) == os.getpid() or not psutil.pid_exists(int(m.group(1)))):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            removed.append(os.path.join(directory, name))
+    return removed
+
+
 def _write(path: str, trainer, weights: dict, optimizer: dict) -> None:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    needed = _needed_bytes(weights, optimizer)
+    _check_room(path, needed)
+    try:
+        _write_into(tmp, trainer, weights, optimizer)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space" in str(e):
+            free = shutil.disk_usage(directory).free
+            raise CheckpointError(f"the disk filled up while writing checkpoint {path}: it needs about {needed} bytes "
+                                  f"({needed / 2**20:.1f} MiB), {free} bytes are free",
+                                  hint="free disk space; the previous checkpoint is kept") from None
+        raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}",
+                              hint="check that the checkpoint folder is writable; the previous checkpoint is kept") \
+            from None
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.rename(tmp, path)
+
+
+def _write_into(tmp: str, trainer, weights: dict, optimizer: dict) -> None:
     os.makedirs(os.path.join(tmp, "arrays"))
     files: dict[str, dict[str, str]] = {"weights": {}, "optimizer": {}}
+    digests: dict[str, str] = {}
     for section, arrays in (("weights", weights), ("optimizer", optimizer)):
         for i, (key, array) in enumerate(sorted(arrays.items())):
             name = f"arrays/{section[0]}{i:05d}.npy"
             np.save(os.path.join(tmp, name), np.asarray(array))
             files[section][key] = name
+            digests[name] = _sha256(os.path.join(tmp, name))
     model = trainer.job.build_model()
     for v in model.variables:
         v.assign(weights[v.path])
     model.save_weights(os.path.join(tmp, "model.weights.h5"))
+    digests["model.weights.h5"] = _sha256(os.path.join(tmp, "model.weights.h5"))
     meta = {"schema": CHECKPOINT_SCHEMA, "schema_version": CHECKPOINT_SCHEMA_VERSION, "step": trainer.step,
             "ranks": trainer.ranks, "architecture": trainer.plan.architecture.value,
-            "job": trainer.job.name, "created_unix_s": time.time(), **files}
+            "job": trainer.job.name, "created_unix_s": time.time(), **files, "sha256": digests}
+    meta["manifest_sha256"] = _manifest_sha256(meta)
     atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.rename(tmp, path)
 
 
 class Checkpoint:
@@ -148,10 +233,25 @@ class Checkpoint:
             meta = load_json(meta_path, what="checkpoint meta")
         except Exception as e:  # noqa: BLE001 - any unreadable meta is a corrupted checkpoint
             raise CheckpointError(f"checkpoint {path!r} is corrupted: {e}") from None
-        if meta.get("schema") != CHECKPOINT_SCHEMA or meta.get("schema_version") != CHECKPOINT_SCHEMA_VERSION:
+        if meta.get("schema") != CHECKPOINT_SCHEMA or meta.get("schema_version") not in READABLE_VERSIONS:
             raise CheckpointError(f"{path!r} is not a parallax_nb checkpoint of version {CHECKPOINT_SCHEMA_VERSION}")
+        if meta.get("schema_version", 1) >= 2 and meta.get("manifest_sha256") != _manifest_sha256(meta):
+            raise CheckpointError(f"checkpoint {path!r} is corrupted: meta.json does not match its checksum",
+                                  hint="resume falls back to an older checkpoint; delete this one")
         self.meta = meta
         self.step = int(meta["step"])
+
+    def verify(self) -> None:
+        """Check every file against its SHA-256 in the manifest (v2); raise CheckpointError
+        naming the first file that is missing, truncated or altered."""
+        for name, digest in self.meta.get("sha256", {}).items():
+            file = os.path.join(self.path, name)
+            if not os.path.exists(file):
+                raise CheckpointError(f"checkpoint {self.path!r} is incomplete: {name} is missing")
+            if _sha256(file) != digest:
+                raise CheckpointError(f"checkpoint array {name} of {self.path!r} is unreadable: its SHA-256 does not "
+                                      "match the manifest (the file is truncated or corrupted)",
+                                      hint="resume falls back to an older checkpoint; delete this one")
 
     def _array(self, section: str, key: str) -> np.ndarray:
         try:
@@ -179,8 +279,36 @@ class Checkpoint:
         return list(self.meta["optimizer"])
 
 
-def load(path: str) -> Checkpoint:
-    return Checkpoint(path)
+def load(path: str, verify: bool = False) -> Checkpoint:
+    """Open the checkpoint at ``path``; with ``verify``, check every file's checksum first."""
+    ckpt = Checkpoint(path)
+    if verify:
+        ckpt.verify()
+    return ckpt
+
+
+def newest_valid_checkpoint(directory: str, report=None) -> str | None:
+    """The newest checkpoint in ``directory`` that opens and verifies; None when there is none.
+
+    Checkpoints skipped on the way (corrupted, incomplete) are named through ``report(text)``;
+    when every checkpoint there is broken, raise CheckpointError naming them all rather than
+    train from step 0 as if nothing had been saved."""
+    problems = []
+    for path in checkpoint_folders(directory):
+        try:
+            load(path, verify=True)
+        except CheckpointError as e:
+            problems.append(e.message)
+            if report is not None:
+                report(f"parallax_nb: skipping {e.message}")
+            continue
+        if problems and report is not None:
+            report(f"parallax_nb: resuming from the newest valid checkpoint instead: {path}")
+        return path
+    if problems:
+        raise CheckpointError(f"no valid checkpoint in {directory}: " + "; ".join(problems),
+                              hint="delete the broken checkpoints to start from step 0, or restore them")
+    return None
 
 
 def _check_shape(ckpt: Checkpoint, key: str, array: np.ndarray, shape) -> None:
@@ -224,8 +352,9 @@ def restore(trainer, path: str) -> None:
 
 def load_into_model(model, path: str, optimizer=None) -> int:
     """Load a checkpoint into the user's single-device ``model`` (and ``optimizer``, built
-    over ``model.trainable_variables``, for exact continuation); returns the step."""
-    ckpt = load(path)
+    over ``model.trainable_variables``, for exact continuation); returns the step. The
+    checksums are verified first."""
+    ckpt = load(path, verify=True)
     for variable in model.variables:
         full = ckpt.weight(variable.path)
         _check_shape(ckpt, variable.path, full, variable.shape)

@@ -25,10 +25,10 @@ result reports rank 0's.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-import threading
 import time
 from typing import Callable
 
@@ -36,60 +36,19 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops
-from ..errors import DistributedError, JobError, ParallaxError, PlanError
+from ..errors import JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
-from .context import configure_threads, horovod, rank_info
+from .context import barrier, configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
 from .result import StepRecord, TrainResult
 from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
 from .hierarchical import Hierarchy
 from .sync import GradientExchange, VariableSync
 from .topology import Topology, resolve_topology
-
-FIRST_STEP_TIMEOUT_FLOOR_S = 300.0  # the first step also traces the step function
-
-
-class StepWatchdog(threading.Thread):
-    """Turns a step that hangs (a collective waiting for a rank that died or left) into a
-    :class:`DistributedError` reported by this rank, then ends the process: a thread blocked
-    inside MPI cannot be unwound, and exiting lets ``mpirun`` stop the other ranks."""
-
-    def __init__(self, rank: int):
-        super().__init__(daemon=True, name="parallax-step-watchdog")
-        self.rank = rank
-        self._lock = threading.Lock()
-        self._deadline: float | None = None
-        self._step = -1
-        self._timeout = 0.0
-        self._stop = threading.Event()
-
-    def arm(self, step: int, timeout_s: float) -> None:
-        with self._lock:
-            self._step, self._timeout, self._deadline = step, timeout_s, time.monotonic() + timeout_s
-
-    def disarm(self) -> None:
-        with self._lock:
-            self._deadline = None
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def run(self) -> None:
-        while not self._stop.wait(0.5):
-            with self._lock:
-                expired = self._deadline is not None and time.monotonic() > self._deadline
-                step, timeout = self._step, self._timeout
-            if expired:
-                from ..launch import report_rank_failure
-
-                error = DistributedError(
-                    f"rank {self.rank}: step {step} did not finish within {timeout:g} s; a collective is hung "
-                    "(another rank probably failed or stopped)",
-                    hint="look for the first rank that failed in the output; raise step_timeout_s if steps are slow")
-                report_rank_failure(error, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
-                os._exit(3)
+from . import guards
+from .watchdog import KEEP, SLOW_LIMIT_S, STEP, Watchdog, start_watchdog
 
 
 class Trainer:
@@ -97,14 +56,18 @@ class Trainer:
 
     ``partitions`` overrides the plan's partition count of every PS variable (partition search).
     ``workers_per_machine``: treat ranks r // G as one machine (default: see :mod:`.topology`).
+    ``watchdog``: a started :class:`.watchdog.Watchdog` (see :func:`train`) that times the
+    data start-up and every step with its ``step_timeout_s``; the caller stops it.
     """
 
-    def __init__(self, job: Job, plan, partitions: int | None = None, workers_per_machine: int | None = None):
+    def __init__(self, job: Job, plan, partitions: int | None = None, workers_per_machine: int | None = None,
+                 watchdog: Watchdog | None = None):
         configure_threads()
         self.hvd = hvd = horovod()
         self.info = rank_info()
         self.job, self.plan = job, plan
         self.ranks, self.rank = self.info.size, self.info.rank
+        self.watchdog = watchdog
         self.topology = self._topology(workers_per_machine)
         self.local_aggregation = self._local_aggregation()
         self.model = job.build_model()
@@ -115,7 +78,12 @@ class Trainer:
             raise PlanError(f"the model has several trainable variables with one path: {names}",
                             hint="give every layer a unique name")
         plan.validate_for(names)
+        if self.watchdog is not None:  # the data start-up below is timed from one moment on every rank
+            self._watch("started", 0, self.watchdog.wait_limit)
+            barrier("started")
+            self._watch("first batch", 0, STEP)
         self._check_first_batch()  # its local forward pass also records what embedding_lookup reads
+        self._watch("set-up", 0, None)
         self.syncs = [self._variable_sync(v, partitions) for v in trainable]
         self._broadcast_initial_values()
         self._shard_ps_variables()
@@ -124,8 +92,9 @@ class Trainer:
         self.ledger = ByteLedger()
         shards = {s.name: s.shard for s in self.syncs if s.ps_sparse}
         hierarchy = Hierarchy(self.topology, self.rank) if self.local_aggregation else None
-        self.router = ShardedLookupRouter(shards, self.ranks, self.rank, self.ledger,
-                                          remote=self.topology.remote(self.rank), hierarchy=hierarchy)
+        self.router = guards.CheckedLookups(ShardedLookupRouter(shards, self.ranks, self.rank, self.ledger,
+                                                                remote=self.topology.remote(self.rank),
+                                                                hierarchy=hierarchy))
         self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger, topology=self.topology,
                                          hierarchy=hierarchy)
         self._step_fn = tf.function(self._step, autograph=False)
@@ -151,6 +120,10 @@ class Trainer:
             return False
         return True
 
+    def _watch(self, phase: str, step: int, limit=KEEP) -> None:
+        if self.watchdog is not None:
+            self.watchdog.watch(phase, step, limit)
+
     def _first_batch(self):
         return next(iter(self.job.dataset(self.rank, self.ranks).take(1)))
 
@@ -160,10 +133,15 @@ class Trainer:
         Wrong: a shard with fewer examples than ``batch_size`` (more ranks than the data has
         shards of a batch), float data for integer (id) inputs, negative ids, ids out of a
         table's range (a local forward pass, as the profiler does), or a batch the model
-        cannot take."""
+        cannot take, or labels that broadcast against the model's output
+        (:func:`.guards.label_problem`)."""
         from ..profile import checks
 
         b = self.job.batch_size
+        try:
+            checks.check_pairs(self.job.examples(self.rank, self.ranks).element_spec)
+        except ParallaxError as e:
+            return None, None, e.message
         examples = sum(1 for _ in self.job.examples(self.rank, self.ranks).take(b))
         if examples < b:
             return None, None, (f"shard {self.rank} of {self.ranks} has {examples} example(s), fewer than "
@@ -176,8 +154,11 @@ class Trainer:
             checks.check_inputs_fit(self.model, x)
             checks.check_no_negative_ids(x, step=1)
             with ops.route_lookups(recorder):
-                self.model(x, training=False)
+                y_pred = self.model(x, training=False)
             self.routed |= recorder.paths
+            labels = guards.label_problem(y, y_pred, self.job.loss(y, y_pred))
+            if labels:
+                return x, shapes, labels
         except ParallaxError as e:
             return x, shapes, e.message
         except Exception as e:  # noqa: BLE001 - a batch the model cannot take, in the user's terms
@@ -191,6 +172,7 @@ class Trainer:
         Batches whose shapes or dtypes differ between ranks are refused too: ranks must form
         one global batch. Returns this rank's first batch x."""
         x, shapes, problem = self._first_batch_problem()
+        self._watch("first batch check", 0)
         seen = [(problem, shapes)]
         if self.ranks > 1:
             seen = self.hvd.allgather_object((problem, shapes), name="px_check_first_batch")
@@ -286,7 +268,9 @@ class Trainer:
         for vs in tape_vars:
             grads.append(flat[offset:offset + len(vs)])
             offset += len(vs)
-        pairs, mean_loss = self.exchange.exchange(grads, loss if self.ranks > 1 else None)
+        # the loss and the 2 N health flags (guards) ride one collective the step issues anyway
+        carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, flat, self.rank, self.ranks)], 0)
+        pairs, reduced = self.exchange.exchange(grads, carried if self.ranks > 1 else None)
         self.optimizer.apply_gradients(pairs)
         # Collectives without a data dependency on this step's work (a pull of a rank that owns
         # no partition) must still start after it, or a rank can sit in them first and starve
@@ -294,23 +278,41 @@ class Trainer:
         done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss]
         with tf.control_dependencies(done):
             self.exchange.pull_dense()
-            if mean_loss is None:
-                mean_loss = tf.identity(loss)
+            if reduced is None:
+                reduced = tf.identity(carried)
                 if self.ranks > 1:  # no dense allreduce carried the loss: its own, after the updates
                     with tf.control_dependencies([_updated(v) for s in self.syncs for v in s.optimizer_variables]):
-                        mean_loss = hvd.allreduce(mean_loss, op=hvd.Average, name="px_loss", ignore_name_scope=True)
-        return mean_loss, self.ledger.totals([s.name for s in self.syncs])
+                        reduced = hvd.allreduce(reduced, op=hvd.Average, name="px_loss", ignore_name_scope=True)
+        return reduced[0], reduced[1:], self.ledger.totals([s.name for s in self.syncs])
 
     def run_step(self, x, y) -> StepRecord:
+        """One step; a non-finite loss or gradient on any rank raises :class:`NumericError` on
+        every rank, an id outside its table a :class:`JobError` on the rank that read it."""
         start = time.perf_counter()
-        loss, byte_totals = self._step_fn(x, y)
-        loss, byte_totals = float(loss), byte_totals.numpy()
+        with self._user_errors():
+            loss, health, byte_totals = self._step_fn(x, y)
+            loss, health, byte_totals = float(loss), health.numpy(), byte_totals.numpy()
         elapsed = time.perf_counter() - start
+        guards.check_health(health, self.step + 1, self.ranks)
         by_var = {s.name: (float(sent), float(received)) for s, (sent, received) in zip(self.syncs, byte_totals)}
         self.step += 1
         return StepRecord(step=self.step, loss=loss, examples_per_s=self.ranks * self.job.batch_size / elapsed,
                           step_time_s=elapsed, bytes_sent=sum(s for s, _ in by_var.values()),
                           bytes_received=sum(r for _, r in by_var.values()), bytes_by_variable=by_var)
+
+    @contextlib.contextmanager
+    def _user_errors(self):
+        """TensorFlow's errors that are the user's to fix, in the user's terms: an id outside
+        its table (:func:`.guards.id_error`), a layer name tf.function refuses."""
+        from ..profile.checks import layer_name_error
+
+        try:
+            yield
+        except (tf.errors.InvalidArgumentError, ValueError) as e:
+            error = guards.id_error(e, self.step + 1, self.rank) or layer_name_error(e)
+            if error is None:
+                raise
+            raise JobError(error.message, hint=error.hint) from None
 
     # ------------------------------------------------------------------ gathering
     def gather_partitions(self, sync: VariableSync, local: dict[int, np.ndarray], tag: str) -> np.ndarray:
@@ -364,55 +366,97 @@ class Trainer:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             from ..errors import ConfigError
             raise ConfigError(f"steps must be a whole number >= 0, got {steps!r}")
+        if checkpoint_dir and self.rank == 0:
+            for stale in ckpt.remove_stale_temporaries(checkpoint_dir):
+                _print(f"parallax_nb: removed {stale}, left by a checkpoint write that did not finish")
         if resume and checkpoint_dir:
-            latest = ckpt.latest_checkpoint(checkpoint_dir)
+            latest = self._newest_valid_checkpoint(checkpoint_dir)
             if latest is not None:
                 ckpt.restore(self, latest)
+        own_watchdog = self.watchdog is None and bool(step_timeout_s)
+        if own_watchdog:
+            self.watchdog = start_watchdog(step_timeout_s, self.rank, self.ranks, self.info.hostname)
         history: list[StepRecord] = []
         saved: list[str] = []
         stopped = False
-        data = iter(self.job.dataset(self.rank, self.ranks).skip(self.step))
-        watchdog = None
-        if step_timeout_s:
-            watchdog = StepWatchdog(self.rank)
-            watchdog.start()
         try:
+            # the data start-up (the first batch of the iterator) is timed as part of step 1
+            self._watch("first batch", self.step + 1, STEP)
+            data = iter(self.job.dataset(self.rank, self.ranks).skip(self.step))
             while self.step < steps:
-                # armed before the stop poll: it is a collective too, where a rank waits for a
-                # rank that hangs (the checkpoint's gathers and barrier are watched as well)
-                if watchdog is not None:
-                    limit = step_timeout_s if history else max(step_timeout_s, FIRST_STEP_TIMEOUT_FLOOR_S)
-                    watchdog.arm(self.step + 1, limit)
+                step = self.step + 1
+                # one deadline per step: the stop poll, the batch, the step and the callback
+                self._watch("stop poll", step, STEP)
                 if should_stop is not None and self._any_rank(bool(should_stop())):
                     stopped = True
                     break
+                self._watch("data", step)
                 x, y = next(data)
+                if not history:
+                    self._trace(x, y, step)
+                self._watch("step", step)
                 record = self.run_step(x, y)
-                if watchdog is not None:
-                    watchdog.disarm()
                 history.append(record)
+                self._watch("callback", step)
                 if on_step is not None:
                     on_step(record)
                 if checkpoint_dir and checkpoint_every and self.step % checkpoint_every == 0:
-                    if watchdog is not None:
-                        watchdog.arm(self.step, max(step_timeout_s, FIRST_STEP_TIMEOUT_FLOOR_S))
+                    self._watch("checkpoint", step, max(self._step_timeout(), SLOW_LIMIT_S))
                     saved.append(ckpt.save(self, checkpoint_dir))
-                    if watchdog is not None:
-                        watchdog.disarm()
-            if watchdog is not None:
-                watchdog.disarm()
+            self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
                 saved.append(ckpt.save(self, checkpoint_dir))
+            weights = self.weights()
+            guards.check_finite_arrays(weights, self.step, "the trained model")
+            self._watch("done", self.step, None)
         finally:
-            if watchdog is not None:
-                watchdog.stop()
+            if own_watchdog:
+                self.watchdog.stop()
+                self.watchdog = None
         return TrainResult(
-            steps_done=self.step, history=history, weights=self.weights(), stopped_early=stopped, job=self.job,
+            steps_done=self.step, history=history, weights=weights, stopped_early=stopped, job=self.job,
             ranks=self.ranks, machines=self.topology.machines, workers_per_machine=self.topology.workers_per_machine,
             local_aggregation=self.local_aggregation,
             architecture=self.plan.architecture.value, batch_size_per_rank=self.job.batch_size,
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
             rank_mean_bytes=self._rank_mean_bytes(history))
+
+    def _step_timeout(self) -> float:
+        return self.watchdog.step_timeout_s if self.watchdog is not None else 0.0
+
+    def _trace(self, x, y, step: int) -> None:
+        """Trace the step function outside the step's deadline (tracing is slow, not hung; it
+        gets :data:`.watchdog.SLOW_LIMIT_S`), then wait for every rank to finish tracing (a
+        rank still tracing extends the wait, one that hangs elsewhere is named after the step
+        timeout), so that step 1 is timed with the user's step timeout like every other step."""
+        if self.watchdog is None:
+            return
+        self._watch("tracing", step, SLOW_LIMIT_S)
+        with self._user_errors():
+            self._step_fn.get_concrete_function(x, y)
+        self._watch("traced", step, self.watchdog.wait_limit)
+        barrier(f"traced_{step}")
+        self._watch("step", step, STEP)
+
+    def _newest_valid_checkpoint(self, directory: str) -> str | None:
+        """Rank 0 picks the newest checkpoint whose checksums verify (saying which ones it
+        skipped) and tells the others, so every rank restores the same one, or raises the
+        same CheckpointError when none verifies."""
+        from ..errors import CheckpointError
+        from . import checkpoint as ckpt
+
+        found: tuple = (None, None)
+        if self.rank == 0:
+            try:
+                found = (ckpt.newest_valid_checkpoint(directory, report=_print), None)
+            except CheckpointError as e:
+                found = (None, (e.message, e.hint))
+        if self.ranks > 1:
+            found = self.hvd.broadcast_object(found, root_rank=0, name="px_resume_from")
+        path, error = found
+        if error is not None:
+            raise CheckpointError(*error)
+        return path
 
     def _any_rank(self, flag: bool) -> bool:
         if self.ranks == 1:
@@ -445,17 +489,28 @@ def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, chec
     by rank 0). ``resume``: continue from the latest checkpoint there (same data position,
     optimizer state and weights). ``on_step(record)`` after every step on every rank.
     ``should_stop()`` is polled before each step; when any rank says True, all stop together
-    (``stopped_early``). ``step_timeout_s``: a step that takes longer (the first step gets at
-    least 300 s, it traces the function) is reported as a DistributedError and ends the process.
+    (``stopped_early``). ``step_timeout_s``: the data start-up or a step that takes longer is
+    reported as a DistributedError naming the rank that did not arrive, and ends the process
+    (tracing the step function is timed apart, see ``Trainer._trace``). A non-finite loss or
+    gradient raises :class:`NumericError` in the step it appears in; nothing non-finite is
+    saved.
     ``workers_per_machine``: ranks r // G form one machine (for local aggregation and for
     which bytes count as network traffic); by default the hosts, see :mod:`.topology`.
     """
     if not isinstance(job, Job):
         from ..errors import JobError
         raise JobError(f"train needs a parallax_nb.Job, got {type(job).__name__}")
-    trainer = Trainer(job, plan, workers_per_machine=workers_per_machine)
-    return trainer.run(steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                       on_step=on_step, should_stop=should_stop, step_timeout_s=step_timeout_s)
+    watchdog = None
+    if step_timeout_s:
+        info = rank_info()
+        watchdog = start_watchdog(step_timeout_s, info.rank, info.size, info.hostname)
+    try:
+        trainer = Trainer(job, plan, workers_per_machine=workers_per_machine, watchdog=watchdog)
+        return trainer.run(steps, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+                           on_step=on_step, should_stop=should_stop)
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
 
 
 def _updated(variable) -> tf.Tensor:
