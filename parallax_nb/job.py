@@ -71,6 +71,10 @@ class Job:
                 examples, the shards disjoint and interleaved (example i belongs to shard
                 i % num_shards), or ``() -> tf.data.Dataset``, which is then sharded that way.
     batch_size: examples per worker per step; the global batch is workers x batch_size.
+    sync_batch_norm: on several ranks, ``BatchNormalization`` layers normalise with the
+                statistics of the global batch (allreduced, as on one device with the
+                global batch); False keeps each rank's own batch statistics (faster, as
+                plain Horovod does). See :mod:`parallax_nb.runtime.batchnorm`.
     """
 
     model: Callable[[], Any]
@@ -80,6 +84,7 @@ class Job:
     batch_size: int
     name: str = "job"
     metadata: dict = field(default_factory=dict)
+    sync_batch_norm: bool = True
 
     def __post_init__(self):
         for name in ("model", "loss", "optimizer", "data"):
@@ -89,23 +94,55 @@ class Job:
                                if name in ("model", "optimizer", "data") else None)
         _check_batch_size(self.batch_size)
         _data_arity(self.data)
+        if not isinstance(self.sync_batch_norm, bool):
+            raise ConfigError(f"sync_batch_norm must be True or False, got {self.sync_batch_norm!r}")
 
     def replace(self, **changes) -> "Job":
         values = dict(model=self.model, loss=self.loss, optimizer=self.optimizer, data=self.data,
-                      batch_size=self.batch_size, name=self.name, metadata=self.metadata)
+                      batch_size=self.batch_size, name=self.name, metadata=self.metadata,
+                      sync_batch_norm=self.sync_batch_norm)
         values.update(changes)
         return Job(**values)
 
     def build_model(self):
-        """Call the model builder and check it returned a Keras model with trainable variables."""
+        """Call the model builder and return the model with all its variables created.
+
+        A ``Sequential`` without ``keras.Input`` and a subclassed ``keras.Model`` create their
+        variables on their first call: such a model is called once on zeros shaped like one
+        example of the data (batch of 1, unknown dimensions 1), under the same fresh Keras
+        names, so that every build of this Job, in the profiler, on every rank and in a
+        checkpoint, has the same variables under the same paths.
+        """
         import keras
 
         with fresh_keras_names():
             model = self.model()
-        if not isinstance(model, keras.Model):
-            raise JobError(f"Job.model must return a keras.Model, got {type(model).__name__}",
-                           hint="wrap your layers in keras.Model(inputs, outputs) or keras.Sequential")
+            if not isinstance(model, keras.Model):
+                raise JobError(f"Job.model must return a keras.Model, got {type(model).__name__}",
+                               hint="wrap your layers in keras.Model(inputs, outputs) or keras.Sequential")
+            if not model.built:
+                self._build_on_zeros(model)
         return model
+
+    def _build_on_zeros(self, model) -> None:
+        """Create a lazily built model's variables: one inference call on a zero example."""
+        import tensorflow as tf
+
+        spec = self.examples(0, 1).element_spec
+        x_spec = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
+
+        def zeros(leaf):
+            shape = [1] + [1 if d is None else d for d in leaf.shape.as_list()]
+            return tf.zeros(shape, leaf.dtype)
+
+        try:
+            model(tf.nest.map_structure(zeros, x_spec), training=False)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's call, in the user's terms
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise JobError(f"model {model.name!r} is built on its first call, and calling it on one zero example "
+                           f"of the data failed: {type(e).__name__}: {first}",
+                           hint="check that the data's x matches what the model's call() takes, or give the model "
+                                "a keras.Input") from None
 
     def make_optimizer(self):
         import keras
