@@ -20,8 +20,10 @@ one host, or ``workers_per_machine``). With the plan's ``local_aggregation`` on 
 of more than one rank, every method combines a machine's gradients before they cross
 machines (:mod:`.hierarchical`); the result is the same global-batch step either way.
 
-Non-trainable variables updated by training (e.g. batch-norm statistics) stay per rank; the
-result reports rank 0's.
+BatchNorm layers normalise over the global batch (:mod:`.batchnorm`) unless the Job says
+``sync_batch_norm=False``; then their moving statistics stay per rank and the result reports
+rank 0's. Clipping and weight-decay choices of the user's optimizer act on whole variables
+across their shards (:mod:`.optimizer`).
 """
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ from .context import configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
 from .result import StepRecord, TrainResult
 from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
+from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
 from .hierarchical import Hierarchy
+from .optimizer import take_over
 from .sync import GradientExchange, VariableSync
 from .topology import Topology, resolve_topology
 
@@ -109,6 +113,7 @@ class Trainer:
         self.local_aggregation = self._local_aggregation()
         self.model = job.build_model()
         self.routed = set(route_embedding_layers(self.model))
+        self.batch_norm = SyncBatchNorm(self.model) if job.sync_batch_norm and self.ranks > 1 else None
         trainable = list(self.model.trainable_variables)
         names = [v.path for v in trainable]
         if len(set(names)) != len(names):
@@ -120,6 +125,7 @@ class Trainer:
         self._broadcast_initial_values()
         self._shard_ps_variables()
         self.optimizer = job.make_optimizer()
+        self.clipping = take_over(self.optimizer, self.syncs, self.ranks)
         self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
         self.ledger = ByteLedger()
         shards = {s.name: s.shard for s in self.syncs if s.ps_sparse}
@@ -277,6 +283,8 @@ class Trainer:
         hvd = self.hvd
         self.ledger.clear()
         self.router.reset()
+        if self.batch_norm is not None:
+            self.batch_norm.reset()
         tape_vars = [s.tape_variables for s in self.syncs]
         with ops.route_lookups(self.router):
             with tf.GradientTape() as tape:
@@ -287,6 +295,7 @@ class Trainer:
             grads.append(flat[offset:offset + len(vs)])
             offset += len(vs)
         pairs, mean_loss = self.exchange.exchange(grads, loss if self.ranks > 1 else None)
+        pairs = self.clipping.clip(pairs)
         self.optimizer.apply_gradients(pairs)
         # Collectives without a data dependency on this step's work (a pull of a rank that owns
         # no partition) must still start after it, or a rank can sit in them first and starve
@@ -412,7 +421,8 @@ class Trainer:
             local_aggregation=self.local_aggregation,
             architecture=self.plan.architecture.value, batch_size_per_rank=self.job.batch_size,
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
-            rank_mean_bytes=self._rank_mean_bytes(history))
+            rank_mean_bytes=self._rank_mean_bytes(history),
+            batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks))
 
     def _any_rank(self, flag: bool) -> bool:
         if self.ranks == 1:
