@@ -68,10 +68,9 @@ class ShardedClipping:
 
         self.hvd = hvd
         self.ranks = ranks
-        self.clipnorm = optimizer.clipnorm if optimizer.clipnorm and optimizer.clipnorm > 0 else None
-        self.global_clipnorm = optimizer.global_clipnorm if optimizer.global_clipnorm and optimizer.global_clipnorm > 0 \
-            else None
-        self.clipvalue = optimizer.clipvalue if optimizer.clipvalue and optimizer.clipvalue > 0 else None
+        self.clipnorm, self.global_clipnorm, self.clipvalue = (
+            value if value and value > 0 else None
+            for value in (optimizer.clipnorm, optimizer.global_clipnorm, optimizer.clipvalue))
         optimizer.clipnorm = optimizer.global_clipnorm = optimizer.clipvalue = None
         self.names = [s.name for s in syncs]
         self.sharded = [s.shard is not None for s in syncs]
