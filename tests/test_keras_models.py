@@ -35,7 +35,7 @@ SGD_TOL = dict(rtol=1e-5, atol=1e-6)
 ADAM_TOL = dict(rtol=1e-4, atol=1e-5)
 ARCHITECTURES = ("ar", "ps", "hybrid")
 LAZY_MODELS = ("lazy_sequential", "word2vec", "tied_lm")
-CLIP = {"global_clipnorm": 0.05, "clipnorm": 0.02}
+CLIP = {"global_clipnorm": 0.05, "clipnorm": 0.02, "clipvalue": 0.005}
 WEIGHT_DECAY = dict(learning_rate=0.02, weight_decay=0.5, exclude_from_weight_decay=["bias", "dense"])
 REFUSED = {"gradient_accumulation_steps": 2, "use_ema": True, "loss_scale_factor": 128.0}
 
@@ -233,6 +233,27 @@ def test_per_rank_batch_norm_differs_and_says_so(two_ranks):
     moving = [n for n in per_rank[0][i]["replica"] if "moving_mean" in n][0]
     assert not np.array_equal(per_rank[0][i]["replica"][moving], per_rank[1][i]["replica"][moving])
     print(f"\nper-rank BatchNorm: {gap:.2e} from the global-batch run; moving means differ between ranks")
+
+
+def test_per_rank_batch_norm_is_said_in_the_run_view_and_the_report(two_ranks):
+    """The per-rank run's own summary, as the notebook's Run and the report receive it."""
+    from parallax_nb.cluster.run import Run
+    from parallax_nb.plan import make_plan
+    from parallax_nb.profile import profile_job
+    from parallax_nb.report.build import build_report_data
+    from parallax_nb.types import ClusterSpec
+    from parallax_nb.widgets.run_view import RunView
+
+    cases, per_rank = two_ranks
+    i, case = next((i, c) for i, c in enumerate(cases) if c.get("sync_batch_norm") is False)
+    summary = per_rank[0][i]["summary"]
+    run = Run(steps=STEPS, engines=2)
+    run.finish(summary=summary)
+    assert "BatchNorm statistics per rank" in RunView(run).status_text()
+    job = cases_module.make_job("batch_norm", sync_batch_norm=False)
+    profile = profile_job(job, steps=2, warmup=0)
+    data = build_report_data(profile, make_plan(profile, ClusterSpec(machines=2), "hybrid"), run=summary)
+    assert any("each rank's own batch" in line for line in data["assumptions"])
 
 
 def test_unsupported_optimizer_options_are_refused_by_name(two_ranks):

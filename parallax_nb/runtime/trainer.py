@@ -42,11 +42,11 @@ from ..errors import DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
+from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
 from .context import configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
 from .result import StepRecord, TrainResult
 from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
-from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
 from .hierarchical import Hierarchy
 from .optimizer import take_over
 from .sync import GradientExchange, VariableSync
