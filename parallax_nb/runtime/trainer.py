@@ -296,7 +296,8 @@ class Trainer:
             offset += len(vs)
         pairs, mean_loss = self.exchange.exchange(grads, loss if self.ranks > 1 else None)
         pairs = self.clipping.clip(pairs)
-        self.optimizer.apply_gradients(pairs)
+        if pairs:  # a rank that owns no partition of a PS-only model updates nothing
+            self.optimizer.apply_gradients(pairs)
         # Collectives without a data dependency on this step's work (a pull of a rank that owns
         # no partition) must still start after it, or a rank can sit in them first and starve
         # the collectives the other ranks are waiting for.
