@@ -299,3 +299,23 @@ def test_unserialisable_model_leaves_loadable_weights(tmp_path):
     assert type(run.model).__name__ == "Word2Vec"
     for v in run.model.variables:
         np.testing.assert_array_equal(v.numpy(), ckpt.weight(v.path))
+
+
+def test_a_lazy_model_that_cannot_take_the_data_is_a_job_error():
+    """Building on a zero example of the data fails in the user's terms (no mpirun needed)."""
+    import keras
+
+    from parallax_nb.errors import ConfigError, JobError
+
+    def wants_two_inputs():
+        class TwoTowers(keras.Model):
+            def call(self, x):
+                return x["left"] + x["right"]
+
+        return TwoTowers(name="two_towers")
+
+    job = cases_module.make_job("lazy_sequential").replace(model=wants_two_inputs)
+    with pytest.raises(JobError, match="'two_towers' is built on its first call.*zero example"):
+        job.build_model()
+    with pytest.raises(ConfigError, match="sync_batch_norm must be True or False, got 'yes'"):
+        job.replace(sync_batch_norm="yes")
