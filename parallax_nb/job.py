@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,6 +37,26 @@ def _data_arity(fn: Callable) -> int:
         raise JobError(f"data function {getattr(fn, '__name__', fn)!r} takes {len(params)} required "
                        "arguments", hint="write it as data() or data(shard_index, num_shards)")
     return len(params)
+
+
+def _reason(error: Exception) -> str:
+    """The first paragraph of an error that says what went wrong (Keras wraps a call's error in
+    "Exception encountered when calling ..." and "Arguments received by ..." paragraphs)."""
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Keras' bold
+    paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+    told = [p for p in paragraphs if not p.startswith(("Exception encountered", "Arguments received"))]
+    return (told or paragraphs or [type(error).__name__])[0]
+
+
+def _describe_specs(structure) -> str:
+    """``{left: int32[6]}``: dtype and shape of every leaf of a nest of tensor specs."""
+    import tensorflow as tf
+
+    def leaf(spec):
+        return f"{spec.dtype.name}[{', '.join('None' if d is None else str(d) for d in spec.shape.as_list())}]"
+
+    return str(tf.nest.map_structure(leaf, structure)).replace("'", "")
 
 
 @contextlib.contextmanager
@@ -138,9 +159,8 @@ class Job:
         try:
             model(tf.nest.map_structure(zeros, x_spec), training=False)
         except Exception as e:  # noqa: BLE001 - any failure of the user's call, in the user's terms
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise JobError(f"model {model.name!r} is built on its first call, and calling it on one zero example "
-                           f"of the data failed: {type(e).__name__}: {first}",
+                           f"of the data ({_describe_specs(x_spec)}) failed: {type(e).__name__}: {_reason(e)}",
                            hint="check that the data's x matches what the model's call() takes, or give the model "
                                 "a keras.Input") from None
 
