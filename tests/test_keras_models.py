@@ -320,3 +320,15 @@ def test_a_lazy_model_that_cannot_take_the_data_is_a_job_error():
         job.build_model()
     with pytest.raises(ConfigError, match="sync_batch_norm must be True or False, got 'yes'"):
         job.replace(sync_batch_norm="yes")
+
+
+def test_loss_scale_optimizer_is_refused_by_name():
+    """Mixed-precision loss scaling wraps the optimizer; refused before any rank trains."""
+    import keras
+
+    from parallax_nb.errors import JobError
+    from parallax_nb.runtime.optimizer import check_supported
+
+    with pytest.raises(JobError, match="LossScaleOptimizer"):
+        check_supported(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)))
+    check_supported(keras.optimizers.SGD(0.1, global_clipnorm=1.0))  # clipping is carried across ranks
