@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -36,6 +37,26 @@ def _data_arity(fn: Callable) -> int:
         raise JobError(f"data function {getattr(fn, '__name__', fn)!r} takes {len(params)} required "
                        "arguments", hint="write it as data() or data(shard_index, num_shards)")
     return len(params)
+
+
+def _reason(error: Exception) -> str:
+    """The first paragraph of an error that says what went wrong (Keras wraps a call's error in
+    "Exception encountered when calling ..." and "Arguments received by ..." paragraphs)."""
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # Keras' bold
+    paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+    told = [p for p in paragraphs if not p.startswith(("Exception encountered", "Arguments received"))]
+    return (told or paragraphs or [type(error).__name__])[0]
+
+
+def _describe_specs(structure) -> str:
+    """``{left: int32[6]}``: dtype and shape of every leaf of a nest of tensor specs."""
+    import tensorflow as tf
+
+    def leaf(spec):
+        return f"{spec.dtype.name}[{', '.join('None' if d is None else str(d) for d in spec.shape.as_list())}]"
+
+    return str(tf.nest.map_structure(leaf, structure)).replace("'", "")
 
 
 @contextlib.contextmanager
@@ -71,6 +92,10 @@ class Job:
                 examples, the shards disjoint and interleaved (example i belongs to shard
                 i % num_shards), or ``() -> tf.data.Dataset``, which is then sharded that way.
     batch_size: examples per worker per step; the global batch is workers x batch_size.
+    sync_batch_norm: on several ranks, ``BatchNormalization`` layers normalise with the
+                statistics of the global batch (allreduced, as on one device with the
+                global batch); False keeps each rank's own batch statistics (faster, as
+                plain Horovod does). See :mod:`parallax_nb.runtime.batchnorm`.
     """
 
     model: Callable[[], Any]
@@ -80,6 +105,7 @@ class Job:
     batch_size: int
     name: str = "job"
     metadata: dict = field(default_factory=dict)
+    sync_batch_norm: bool = True
 
     def __post_init__(self):
         for name in ("model", "loss", "optimizer", "data"):
@@ -89,23 +115,54 @@ class Job:
                                if name in ("model", "optimizer", "data") else None)
         _check_batch_size(self.batch_size)
         _data_arity(self.data)
+        if not isinstance(self.sync_batch_norm, bool):
+            raise ConfigError(f"sync_batch_norm must be True or False, got {self.sync_batch_norm!r}")
 
     def replace(self, **changes) -> "Job":
         values = dict(model=self.model, loss=self.loss, optimizer=self.optimizer, data=self.data,
-                      batch_size=self.batch_size, name=self.name, metadata=self.metadata)
+                      batch_size=self.batch_size, name=self.name, metadata=self.metadata,
+                      sync_batch_norm=self.sync_batch_norm)
         values.update(changes)
         return Job(**values)
 
     def build_model(self):
-        """Call the model builder and check it returned a Keras model with trainable variables."""
+        """Call the model builder and return the model with all its variables created.
+
+        A ``Sequential`` without ``keras.Input`` and a subclassed ``keras.Model`` create their
+        variables on their first call: such a model is called once on zeros shaped like one
+        example of the data (batch of 1, unknown dimensions 1), under the same fresh Keras
+        names, so that every build of this Job, in the profiler, on every rank and in a
+        checkpoint, has the same variables under the same paths.
+        """
         import keras
 
         with fresh_keras_names():
             model = self.model()
-        if not isinstance(model, keras.Model):
-            raise JobError(f"Job.model must return a keras.Model, got {type(model).__name__}",
-                           hint="wrap your layers in keras.Model(inputs, outputs) or keras.Sequential")
+            if not isinstance(model, keras.Model):
+                raise JobError(f"Job.model must return a keras.Model, got {type(model).__name__}",
+                               hint="wrap your layers in keras.Model(inputs, outputs) or keras.Sequential")
+            if not model.built:
+                self._build_on_zeros(model)
         return model
+
+    def _build_on_zeros(self, model) -> None:
+        """Create a lazily built model's variables: one inference call on a zero example."""
+        import tensorflow as tf
+
+        spec = self.examples(0, 1).element_spec
+        x_spec = spec[0] if isinstance(spec, tuple) and len(spec) == 2 else spec
+
+        def zeros(leaf):
+            shape = [1] + [1 if d is None else d for d in leaf.shape.as_list()]
+            return tf.zeros(shape, leaf.dtype)
+
+        try:
+            model(tf.nest.map_structure(zeros, x_spec), training=False)
+        except Exception as e:  # noqa: BLE001 - any failure of the user's call, in the user's terms
+            raise JobError(f"model {model.name!r} is built on its first call, and calling it on one zero example "
+                           f"of the data ({_describe_specs(x_spec)}) failed: {type(e).__name__}: {_reason(e)}",
+                           hint="check that the data's x matches what the model's call() takes, or give the model "
+                                "a keras.Input") from None
 
     def make_optimizer(self):
         import keras

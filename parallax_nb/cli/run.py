@@ -2,7 +2,8 @@
 
 Outside MPI it starts ``mpirun`` with N ranks that run this same command; inside an MPI job
 (``mpirun``/``horovodrun`` of your own: ``OMPI_COMM_WORLD_SIZE`` is set) it runs as one rank.
-Rank 0 leaves in DIR: ``model.keras`` (the trained single-device model), ``history.csv`` (one
+Rank 0 leaves in DIR: ``model.keras`` (the trained single-device model; ``model.weights.h5``
+with a warning when Keras cannot serialise the model), ``history.csv`` (one
 row per step and rank: loss, examples/s, step time, bytes sent and received by that rank),
 ``run.json`` (the run summary, schema ``parallax_nb.run``), ``plan.json`` (the plan executed)
 and ``checkpoints/``.
@@ -171,7 +172,8 @@ def _run_mpirun(args, errors: str) -> int:
                                    hint="SIGKILL (9) often means out of memory: see `dmesg`; the other ranks were "
                                         "stopped")
         raise DistributedError(f"mpirun exited with status {proc.returncode}")
-    print(f"parallax_nb run: wrote {args.output}/model.keras, history.csv, run.json", file=sys.stderr)
+    model_file = "model.keras" if os.path.exists(os.path.join(args.output, "model.keras")) else "model.weights.h5"
+    print(f"parallax_nb run: wrote {args.output}/{model_file}, history.csv, run.json", file=sys.stderr)
     return 0
 
 
@@ -266,10 +268,7 @@ def _train_and_write(job, plan, args, info, search) -> None:
     if info.rank != 0:
         return
     os.makedirs(args.output, exist_ok=True)
-    model = result.single_device_model()
-    tmp = os.path.join(args.output, ".tmp-model.keras")
-    model.save(tmp)
-    os.replace(tmp, os.path.join(args.output, "model.keras"))
+    model_file = save_trained_model(result.single_device_model(), args.output, args.job)
     buffer = io.StringIO()
     columns = ["step", "rank", "loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received"]
     writer = csv.DictWriter(buffer, fieldnames=columns)
@@ -281,5 +280,42 @@ def _train_and_write(job, plan, args, info, search) -> None:
     if search is not None:
         summary["partition_search"] = search.to_dict()
     summary["job"] = job.name
+    summary["model_file"] = model_file
+    if summary["batch_norm"]["statistics"] == "per rank":
+        print(f"parallax_nb run: note: BatchNorm layers {summary['batch_norm']['layers']} normalised with each "
+              "rank's own batch (Job(sync_batch_norm=False)): not the single-device run on the global batch",
+              file=sys.stderr, flush=True)
     atomic_write_text(os.path.join(args.output, "run.json"), json.dumps(summary, indent=2))
     plan.to_json(os.path.join(args.output, "plan.json"))
+
+
+def save_trained_model(model, output: str, job_spec: str) -> str:
+    """Write ``model.keras`` in ``output``; when Keras cannot serialise the model (e.g. a
+    subclassed model without ``get_config``), write its weights to ``model.weights.h5``
+    instead and say how to load them. Either file is written under a temporary name and
+    renamed, so no partial file is left. Returns the file name written."""
+    tmp = os.path.join(output, ".tmp-model.keras")
+    try:
+        model.save(tmp)
+        os.replace(tmp, os.path.join(output, "model.keras"))
+        return "model.keras"
+    except Exception as e:  # noqa: BLE001 - any serialisation failure: keep the weights instead
+        first_paragraph = str(e).strip().split("\n\n")[0]
+        reason = f"{type(e).__name__}: {' '.join(first_paragraph.split())}"
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    weights = os.path.join(output, "model.weights.h5")
+    tmp = os.path.join(output, ".tmp-model.weights.h5")
+    try:
+        model.save_weights(tmp)
+        os.replace(tmp, weights)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    print(f"parallax_nb run: warning: Keras cannot save the whole model ({reason}); the trained weights are in "
+          f"{weights}. Load them into your model with:\n"
+          f"    import parallax_nb as px\n"
+          f"    model = px.load_job({job_spec!r}).build_model()   # your builder, variables created\n"
+          f"    model.load_weights({weights!r})", file=sys.stderr, flush=True)
+    return "model.weights.h5"

@@ -143,6 +143,8 @@ class Run:
         self._notify("records")
         default = f"stopped after {self.steps_done} of {self.steps} steps" if stopped else \
             f"done: {self.steps_done} steps"
+        if ((summary or {}).get("batch_norm") or {}).get("statistics") == "per rank":
+            default += "; BatchNorm statistics per rank, not of the global batch (Job(sync_batch_norm=False))"
         self.set_status(STOPPED if stopped else DONE, message or default)
 
     def fail(self, error: DistributedError) -> None:

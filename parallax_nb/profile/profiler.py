@@ -100,8 +100,6 @@ def _environment(memory_method: str, warmup: int, steps: int, steps_wall_s: floa
 
 def _prepare(job: Job):
     """Model, optimizer, data iterator and first batch, checked: ``(model, optimizer, iterator, batch)``."""
-    import tensorflow as tf
-
     model = job.build_model()
     optimizer = job.make_optimizer()
     dataset = job.dataset(0, 1)
@@ -109,11 +107,6 @@ def _prepare(job: Job):
     checks.check_inputs_fit(model, x_spec)
     iterator = iter(dataset)
     first = _next_batch(iterator, 0, job)
-    if not model.built:  # a Sequential without Input or a subclassed model creates its variables now
-        try:
-            model(first[0], training=False)
-        except (ValueError, TypeError, KeyError, tf.errors.OpError) as e:
-            raise checks.step_error(e, model, first[0], 0) from None
     if not model.trainable_variables:
         raise ProfileError(f"model {model.name!r} of job {job.name!r} has no trainable variables: nothing to "
                            "synchronise or profile", hint="check that the layers are not frozen (trainable=False)")

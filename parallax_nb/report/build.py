@@ -44,6 +44,8 @@ REPORT_ASSUMPTIONS = (
     "ranks and measured steps) are compared with the model's per-machine figure for a cluster of "
     "<ranks> machines x 1 worker, with the plan's bandwidth and latency and the run's per-variable "
     "methods; the predicted step time uses the profiled compute time at the profiled batch size.",
+    "Training semantics: a row gathered several times in one step gets the sum of its gradients before "
+    "the optimizer (dense-equivalent updates; Keras alone gives Adam one entry per occurrence).",
 )
 
 _RUN_FIELDS = {
@@ -121,6 +123,8 @@ def validate_run(summary, source: str = "run summary") -> dict:
             raise ConfigError(f"{source}: field 'local_aggregation' must be true or false, "
                               f"got {summary['local_aggregation']!r}")
         clean["local_aggregation"] = summary["local_aggregation"]
+    if isinstance(summary.get("batch_norm"), dict):  # written by runs that know their BatchNorm layers
+        clean["batch_norm"] = dict(summary["batch_norm"])
     variables = summary.get("variables")
     if not isinstance(variables, dict):
         raise ConfigError(f"{source} lacks its 'variables' mapping (name -> bytes per step)")
@@ -207,6 +211,10 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
     }
     if run_summary is not None:
         data["measured"] = measured_against_predicted(profile, plan, run_summary)
+        if run_summary.get("batch_norm", {}).get("statistics") == "per rank":
+            data["assumptions"].append("The run normalised its BatchNorm layers with each rank's own batch "
+                                       "(Job(sync_batch_norm=False)): its weights are not those of the "
+                                       "single-device run on the global batch.")
     return data
 
 

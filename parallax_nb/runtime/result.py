@@ -9,6 +9,9 @@ import numpy as np
 
 RUN_SCHEMA = "parallax_nb.run"
 RUN_SCHEMA_VERSION = 1
+#: How the runtime treats a row gathered several times in one step (README, "Correctness").
+SPARSE_GRADIENT_SEMANTICS = ("repeated rows summed before the optimizer: dense-equivalent updates "
+                             "(Keras alone feeds Adam/Adagrad/RMSprop one entry per occurrence)")
 
 
 def assign_weights(model, weights: dict) -> None:
@@ -88,6 +91,7 @@ class TrainResult:
     checkpoints: list[str] = field(default_factory=list)
     rank_mean_bytes: dict | None = None  # name -> (sent, received) per step, mean over ranks
     local_aggregation: bool = False  # executed (the plan asked and machines hold several ranks)
+    batch_norm: dict | None = None  # {"layers": [names], "statistics": "global batch" | "per rank" | "none"}
 
     def single_device_model(self):
         """The user's model (``job.model()``) holding the trained weights, incl. non-trainable."""
@@ -130,6 +134,8 @@ class TrainResult:
             "ranks": self.ranks, "machines": self.machines, "workers_per_machine": self.workers_per_machine,
             "local_aggregation": bool(self.local_aggregation), "architecture": self.architecture, "steps": self.steps_done,
             "batch_size_per_rank": self.batch_size_per_rank,
+            "batch_norm": self.batch_norm or {"layers": [], "statistics": "none"},
+            "sparse_gradients": SPARSE_GRADIENT_SEMANTICS,
             "step_time_s_median": median([r.step_time_s for r in measured]),
             "examples_per_s_median": median([r.examples_per_s for r in measured]),
             "final_loss": float(self.history[-1].loss) if self.history else float("nan"),

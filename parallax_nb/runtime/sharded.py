@@ -266,10 +266,10 @@ class RecordingRouter:
 def release_storage(variable) -> None:
     """Drop the storage of a Keras variable whose rows now live in shards: its tf.Variable is
     replaced by an empty one of 0 rows, so the full table is freed on this rank. The Keras
-    variable keeps its declared shape (the model still builds and reports it)."""
+    variable keeps its declared shape (the model still builds and reports it) and its tensor
+    name (the optimizer's weight-decay choice is made on it: :mod:`.optimizer`)."""
     shape = tuple(variable.shape)
-    empty = tf.Variable(tf.zeros((0,) + shape[1:], dtype=variable.dtype), trainable=False,
-                        name=variable.name + "_released")
+    empty = tf.Variable(tf.zeros((0,) + shape[1:], dtype=variable.dtype), trainable=False, name=variable.name)
     variable._value = empty
 
 

@@ -20,8 +20,10 @@ one host, or ``workers_per_machine``). With the plan's ``local_aggregation`` on 
 of more than one rank, every method combines a machine's gradients before they cross
 machines (:mod:`.hierarchical`); the result is the same global-batch step either way.
 
-Non-trainable variables updated by training (e.g. batch-norm statistics) stay per rank; the
-result reports rank 0's.
+BatchNorm layers normalise over the global batch (:mod:`.batchnorm`) unless the Job says
+``sync_batch_norm=False``; then their moving statistics stay per rank and the result reports
+rank 0's. Clipping and weight-decay choices of the user's optimizer act on whole variables
+across their shards (:mod:`.optimizer`).
 """
 from __future__ import annotations
 
@@ -40,11 +42,13 @@ from ..errors import JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
+from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
 from .context import barrier, configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
 from .result import StepRecord, TrainResult
 from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
 from .hierarchical import Hierarchy
+from .optimizer import take_over
 from .sync import GradientExchange, VariableSync
 from .topology import Topology, resolve_topology
 from . import guards
@@ -72,6 +76,7 @@ class Trainer:
         self.local_aggregation = self._local_aggregation()
         self.model = job.build_model()
         self.routed = set(route_embedding_layers(self.model))
+        self.batch_norm = SyncBatchNorm(self.model) if job.sync_batch_norm and self.ranks > 1 else None
         trainable = list(self.model.trainable_variables)
         names = [v.path for v in trainable]
         if len(set(names)) != len(names):
@@ -88,6 +93,7 @@ class Trainer:
         self._broadcast_initial_values()
         self._shard_ps_variables()
         self.optimizer = job.make_optimizer()
+        self.clipping = take_over(self.optimizer, self.syncs, self.ranks)
         self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
         self.ledger = ByteLedger()
         shards = {s.name: s.shard for s in self.syncs if s.ps_sparse}
@@ -259,6 +265,8 @@ class Trainer:
         hvd = self.hvd
         self.ledger.clear()
         self.router.reset()
+        if self.batch_norm is not None:
+            self.batch_norm.reset()
         tape_vars = [s.tape_variables for s in self.syncs]
         with ops.route_lookups(self.router):
             with tf.GradientTape() as tape:
@@ -271,7 +279,9 @@ class Trainer:
         # the loss and the 2 N health flags (guards) ride one collective the step issues anyway
         carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, flat, self.rank, self.ranks)], 0)
         pairs, reduced = self.exchange.exchange(grads, carried if self.ranks > 1 else None)
-        self.optimizer.apply_gradients(pairs)
+        pairs = self.clipping.clip(pairs)
+        if pairs:  # a rank that owns no partition of a PS-only model updates nothing
+            self.optimizer.apply_gradients(pairs)
         # Collectives without a data dependency on this step's work (a pull of a rank that owns
         # no partition) must still start after it, or a rank can sit in them first and starve
         # the collectives the other ranks are waiting for.
@@ -419,7 +429,8 @@ class Trainer:
             local_aggregation=self.local_aggregation,
             architecture=self.plan.architecture.value, batch_size_per_rank=self.job.batch_size,
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
-            rank_mean_bytes=self._rank_mean_bytes(history))
+            rank_mean_bytes=self._rank_mean_bytes(history),
+            batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks))
 
     def _step_timeout(self) -> float:
         return self.watchdog.step_timeout_s if self.watchdog is not None else 0.0
