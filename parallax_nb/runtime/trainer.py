@@ -35,7 +35,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import ops
+from .. import ops, progress
 from ..errors import DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
@@ -100,6 +100,7 @@ class Trainer:
     """
 
     def __init__(self, job: Job, plan, partitions: int | None = None, workers_per_machine: int | None = None):
+        progress.phase("run", "building the model, sharding the PS variables")
         configure_threads()
         self.hvd = hvd = horovod()
         self.info = rank_info()
@@ -387,6 +388,8 @@ class Trainer:
                     stopped = True
                     break
                 x, y = next(data)
+                if not history:
+                    progress.phase("run", f"tracing the training step (step {self.step + 1})")
                 record = self.run_step(x, y)
                 if watchdog is not None:
                     watchdog.disarm()
@@ -406,6 +409,7 @@ class Trainer:
         finally:
             if watchdog is not None:
                 watchdog.stop()
+        progress.phase("run", "gathering the trained weights")
         return TrainResult(
             steps_done=self.step, history=history, weights=self.weights(), stopped_early=stopped, job=self.job,
             ranks=self.ranks, machines=self.topology.machines, workers_per_machine=self.topology.workers_per_machine,
