@@ -178,7 +178,7 @@ def columns(labels: list[str], stacks: list[dict], title: str, unit: str = "ms",
     if len(ordered) > 1 and ordered[1] > 0 and ordered[0] > 3 * ordered[1]:
         cap = 1.6 * ordered[1]
     ticks, top_value = linear_ticks(cap)
-    col_w, gap, left, top, plot_h = 46, 16, 46, 44, 150
+    col_w, gap, left, top, plot_h = 46, 16, 46, 62, 150
     width = int(left + len(labels) * (col_w + gap) + 10)
     width = max(width, 330)
     height = top + plot_h + 44

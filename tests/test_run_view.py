@@ -264,6 +264,7 @@ def test_run_snapshot_and_smoothed_throughput(planned_run):
 
 PHASE_CELL = '''
 import time
+get_ipython().run_line_magic("load_ext", "parallax_nb")
 import parallax_nb as px
 from parallax_nb.workloads import lm_job
 job = lm_job("tiny")
@@ -291,9 +292,14 @@ def _phase_messages(kc, deadline):
         except queue.Empty:
             continue
         kind, content = msg["msg_type"], msg["content"]
+        if kind == "status" and content["execution_state"] == "idle" and msg["parent_header"].get("msg_type") == \
+                "execute_request":
+            break
         if kind == "error":
             pytest.fail("\n".join(content["traceback"]))
         if kind == "stream":
+            if content["name"] == "stderr" and "UsageError" in content["text"]:
+                pytest.fail(content["text"])
             for name, at in re.findall(r"MARK (\S+) ([\d.]+)", content["text"]):
                 marks[name] = float(at)
         if kind in ("comm_open", "comm_msg"):

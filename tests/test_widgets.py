@@ -403,3 +403,16 @@ def test_svg_charts_axes_follow_the_data():
     tall = svg.columns(["AR", "PS", "x"], [{"name": "t", "colour": "#888", "values": [10.0, 12.0, 974.0]}], "t")
     assert ">974</text>" in tall and "<path d=\"M" in tall       # drawn broken, its value written
     assert svg.smooth([40.0, 3000.0, 40.0, 3000.0])[-1] < 3000.0
+
+
+def test_phase_view_names_the_phase_and_ends_in_one_line():
+    from parallax_nb.widgets.progress_view import PhaseView
+
+    view = PhaseView("profiling lm-tiny")
+    assert view.text().startswith("profiling lm-tiny: starting · 0.")
+    view.show_phase("step 2 of 5", done=2, total=5)
+    assert (view.bar.value, view.bar.max) == (2, 5) and "step 2 of 5 · " in view.label.value
+    view.finish(3.25)
+    assert view.text() == "profiling lm-tiny: done in 3.2 s" and view.bar.bar_style == "success"
+    assert [text for _, text in view.history] == ["starting", "step 2 of 5"]
+    assert view._repr_mimebundle_()["text/plain"] == "PhaseView: profiling lm-tiny: done in 3.2 s"

@@ -50,7 +50,7 @@ def elapsed_text(seconds: float) -> str:
 class PhaseView(SnapshotDisplay, widgets.HBox):
     """One long operation: a progress bar (when the phase is countable) and "title: phase · 4 s".
 
-    ``log`` lists ``(seconds since begin, phase text)`` of every phase shown (tests read it).
+    ``history`` lists ``(seconds since begin, phase text)`` of every phase shown (tests read it).
     """
 
     def __init__(self, title: str, **kwargs):
@@ -59,7 +59,7 @@ class PhaseView(SnapshotDisplay, widgets.HBox):
         self.started = time.monotonic()
         self.finished_s: float | None = None
         self.failed: str | None = None
-        self.log: list[tuple[float, str]] = [(0.0, self.phase_text)]
+        self.history: list[tuple[float, str]] = [(0.0, self.phase_text)]
         self.bar = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="220px"))
         self.bar.layout.visibility = "hidden"
         self.label = widgets.HTML()
@@ -70,7 +70,7 @@ class PhaseView(SnapshotDisplay, widgets.HBox):
 
     def show_phase(self, text: str, done: int | None = None, total: int | None = None) -> None:
         self.phase_text = text
-        self.log.append((time.monotonic() - self.started, text))
+        self.history.append((time.monotonic() - self.started, text))
         if total:
             self.bar.max, self.bar.value = total, min(done or 0, total)
             self.bar.layout.visibility = "visible"
