@@ -43,7 +43,8 @@ CSS = """
 .pxr .card { background: var(--pxr-stripe); border: 1px solid var(--pxr-border); border-radius: 8px; padding: 8px 14px; min-width: 140px; }
 .pxr .card .label { font-size: 0.78em; color: var(--pxr-fg2); text-transform: uppercase; letter-spacing: 0.04em; }
 .pxr .card .value { font-size: 1.15em; font-weight: 600; }
-.pxr.pxr table { border-collapse: collapse; width: 100%; font-size: 0.9em; margin: 6px 0; color: var(--pxr-fg); }
+.pxr.pxr table { border-collapse: collapse; width: 100%; font-size: 0.9em; margin: 6px 0; color: var(--pxr-fg);
+  table-layout: auto; }
 .pxr.pxr th { background: var(--pxr-bg2); color: var(--pxr-fg); text-align: left; font-weight: 600; padding: 6px 8px;
   border: none; border-bottom: 2px solid var(--pxr-border-strong); }
 .pxr.pxr td { color: var(--pxr-fg); padding: 5px 8px; border: none; border-bottom: 1px solid var(--pxr-border); vertical-align: top; }
