@@ -28,8 +28,8 @@ from . import style
 from .progress_view import Ticker, elapsed_text
 from .snapshot import SnapshotDisplay
 
-_STATUS_COLOURS = {"starting": "#5f6b7a", "running": "#2f6bb3", "stopping": "#b35900",
-                   "done": style.GOOD, "stopped": "#b35900", "failed": style.FAIL}
+_STATUS_COLOURS = {"stopping": "#b35900", "stopped": "#b35900", "failed": style.FAIL}
+_BADGED = tuple(_STATUS_COLOURS)
 _BAR_STYLES = {"done": "success", "stopped": "warning", "failed": "danger"}
 LOSS_COLOUR, THROUGHPUT_COLOUR, BYTES_COLOUR = "currentColor", "#0b7285", "#c2255c"
 
@@ -206,10 +206,16 @@ class RunView(SnapshotDisplay, widgets.VBox):
         return " | ".join(parts)
 
     def status_html(self) -> str:
+        """:meth:`status_text`; a run that is stopping, stopped or failed leads with a badge
+        of that word instead ("[stopped] after 7 of 100 steps | ...")."""
         run = self.run
+        text = self.status_text()
+        badge = ""
+        if run.status in _BADGED:
+            badge = style.badge(run.status, _STATUS_COLOURS[run.status]) + " "
+            text = text[len(run.status) + 1:] if text.startswith(run.status + " ") else text
         return (f'<div class="parallax-run-status" style="{style.FONT} font-size: 12.5px">'
-                f'{style.badge(run.status, _STATUS_COLOURS.get(run.status, "#5f6b7a"))} '
-                f'{style.esc(self.status_text())}</div>')
+                f'{badge}{style.esc(text)}</div>')
 
     def error_html(self) -> str:
         err = self.run.error
