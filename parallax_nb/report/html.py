@@ -47,7 +47,7 @@ CSS = """
   table-layout: auto; }
 .pxr.pxr th { background: var(--pxr-bg2); color: var(--pxr-fg); text-align: left; font-weight: 600; padding: 6px 8px;
   border: none; border-bottom: 2px solid var(--pxr-border-strong); }
-.pxr.pxr td { color: var(--pxr-fg); padding: 5px 8px; border: none; border-bottom: 1px solid var(--pxr-border); vertical-align: top; }
+.pxr.pxr td { color: var(--pxr-fg); text-align: left; padding: 5px 8px; border: none; border-bottom: 1px solid var(--pxr-border); vertical-align: top; }
 .pxr.pxr tbody tr { background: var(--pxr-bg); }
 .pxr.pxr tbody tr:nth-child(even) { background: var(--pxr-stripe); }
 .pxr.pxr tbody tr:hover { background: var(--pxr-bg2); }
@@ -148,12 +148,17 @@ def _cluster_and_assumptions(data: dict) -> str:
 
 
 def _environment_value(key: str, value) -> str:
-    """Environment facts for people: seconds with units and 3 digits, lists joined, none as "none"."""
-    if isinstance(value, (list, tuple)):
-        return ", ".join(map(str, value)) if value else "none"
-    if isinstance(value, float):
-        return f"{value:.3g} s" if key.endswith("_s") else f"{value:.4g}"
-    return "none" if value in (None, "") else str(value)
+    """Environment facts for people (the JSON keeps them as text): seconds with 3 digits and a
+    unit, an empty list as "none"."""
+    text = str(value).strip()
+    if text in ("", "[]", "None", "()"):
+        return "none"
+    if key.endswith("_s"):
+        try:
+            return f"{float(text):.3g} s"
+        except ValueError:
+            return text
+    return text.strip("[]").replace("'", "") if text.startswith("[") else text
 
 
 def _variables_table(data: dict) -> str:
