@@ -86,6 +86,20 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
+def _install_in_ipython() -> None:
+    """Inside IPython: ParallaxErrors shown as message + hint, and phase displays for long
+    waits (:mod:`parallax_nb.widgets.ipython`); outside, nothing."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is not None:
+        from .widgets.ipython import install
+
+        install(shell)
+
+
+_install_in_ipython()
+
+
 def load_ipython_extension(ipython):
     """``%load_ext parallax_nb`` registers the ``%parallax`` magics."""
     from .magics import load_ipython_extension as load

@@ -1,18 +1,11 @@
 """``%parallax``: the whole journey as IPython line magics (``%load_ext parallax_nb``).
 
-::
-
-    %parallax profile job --steps 20                 # -> profile
-    %parallax plan --machines 8 --workers-per-machine 6 --bandwidth 100Gbit/s   # -> planner, plan
-    %parallax run job --engines 2 --steps 100        # -> run (live view; Ctrl-C stops it)
-    %parallax report cost_report.html                # the last profile, plan and run
-    %parallax cluster start --engines 2 | stop | status
-
-Names (``job``, ``profile``, ``planner.plan``) resolve in the notebook's namespace; a job
-may also be a ``module:name`` spec. Results are stored in the namespace (``-o NAME`` picks
-the name) and the last profile, plan and run are remembered, so later subcommands need no
+Names (``job``, ``profile``, ``planner.plan``) resolve in the notebook's namespace; a job may
+also be a ``module:name`` spec. Results are stored in the namespace (``-o NAME`` picks the
+name) and the last profile, plan and run are remembered, so later subcommands need no
 arguments. Bad arguments and missing names are reported in one line (a ``UsageError``),
-never as a traceback.
+never as a traceback. ``%parallax?`` shows :data:`USAGE`; ``%parallax SUBCOMMAND --help``
+each subcommand's options with their defaults. There is no cell magic.
 """
 from __future__ import annotations
 
@@ -23,6 +16,28 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .errors import ParallaxError
 
 SUBCOMMANDS = ("profile", "plan", "run", "report", "cluster", "help")
+DEFAULT_MACHINES = 2
+DEFAULT_BANDWIDTH = "10Gbit/s"
+DEFAULT_LATENCY_US = 25.0
+
+USAGE = f"""%parallax SUBCOMMAND [options]: profile, plan, run and report from one line magic.
+
+  %parallax profile JOB [--steps 20] [-o NAME]
+      profile JOB on one device (per-variable kind, size, alpha) -> `profile`
+  %parallax plan [PROFILE] [--machines {DEFAULT_MACHINES}] [--workers-per-machine 1]
+                 [--bandwidth {DEFAULT_BANDWIDTH}] [--latency {DEFAULT_LATENCY_US:g}] [--arch auto] [-o NAME]
+      plan PROFILE for a cluster (latency in microseconds) -> `planner` and `plan`
+  %parallax run JOB [--engines 2] [--steps 100] [--plan PLAN] [--arch hybrid]
+                [--checkpoint-dir DIR] [--checkpoint-every K] [--resume] [-o NAME]
+      train JOB on MPI engines with a live view (Stop button or Ctrl-C stops it) -> `run`
+  %parallax report PATH [--profile P] [--plan P] [--run R] [--title T]
+      write the cost report: PATH (HTML) and the .csv and .json beside it
+  %parallax cluster start|stop|status [--engines 2]
+      the notebook's shared MPI engines
+
+%parallax SUBCOMMAND --help lists every option of a subcommand with its default.
+Results go to the notebook variable named in the arrow (-o NAME picks another).
+"""
 
 
 def _output_option(default: str):
@@ -41,11 +56,17 @@ def _profile_args(line):
 @magic_arguments("%parallax plan")
 @argument("profile", metavar="PROFILE", nargs="?", default=None,
           help="a Profile in the notebook (default: the last one profiled)")
-@argument("--machines", type=int, default=None, help="machines in the target cluster (default: 1)")
-@argument("--workers-per-machine", "--gpus", dest="workers_per_machine", type=int, default=None,
+@argument("--machines", type=int, default=DEFAULT_MACHINES,
+          help=f"machines in the target cluster (default: {DEFAULT_MACHINES}; 1 machine has no network traffic)")
+@argument("--workers-per-machine", "--gpus", dest="workers_per_machine", type=int, default=1,
           help="workers (GPUs) per machine (default: 1)")
-@argument("--bandwidth", default=None, help="network bandwidth per machine, e.g. 10Gbit/s or 1.25GB/s")
-@argument("--arch", default="auto", help="ar | ps | hybrid | auto (default: auto, per variable)")
+@argument("--bandwidth", default=DEFAULT_BANDWIDTH,
+          help=f"network bandwidth per machine, e.g. 100Gbit/s or 1.25GB/s (default: {DEFAULT_BANDWIDTH})")
+@argument("--latency", type=float, default=DEFAULT_LATENCY_US, metavar="MICROSECONDS",
+          help=f"time per message in microseconds (default: {DEFAULT_LATENCY_US:g})")
+@argument("--no-local-aggregation", dest="local_aggregation", action="store_false",
+          help="do not combine a machine's gradients before they cross the network (default: combine)")
+@argument("--arch", default="auto", help="ar | ps | hybrid | auto (default: auto, the cheaper method per variable)")
 @_output_option("planner")
 def _plan_args(line):
     """Plan PROFILE for a cluster; stores the Planner (-o) and its Plan as `plan`."""
@@ -89,7 +110,8 @@ _PARSERS = {"profile": _profile_args, "plan": _plan_args, "run": _run_args, "rep
 
 
 def _help_text() -> str:
-    parts = [__doc__.strip(), ""]
+    """USAGE, then every subcommand's options (``%parallax help``)."""
+    parts = [USAGE]
     for fn in _PARSERS.values():
         parts.append(fn.parser.format_help().strip())
         parts.append("")
@@ -168,9 +190,12 @@ class ParallaxMagics(Magics):
     # ----- the magic ---------------------------------------------------------------------------
     @line_magic
     def parallax(self, line: str = ""):
-        """(replaced by the help of every subcommand below)"""
+        """(replaced by USAGE below)"""
         words = line.strip().split(None, 1)
-        if not words or words[0] in ("help", "-h", "--help"):
+        if not words or words[0] in ("-h", "--help"):
+            print(USAGE)
+            return None
+        if words[0] == "help":
             print(_help_text())
             return None
         command, rest = words[0], (words[1] if len(words) > 1 else "")
@@ -186,7 +211,7 @@ class ParallaxMagics(Magics):
             raise UsageError(str(e).replace("\n  -> ", " -> ")) from None
         return None
 
-    parallax.__doc__ = _help_text()
+    parallax.__doc__ = USAGE
 
     def _do_profile(self, args) -> None:
         from .profile import profile_job
@@ -206,6 +231,10 @@ class ParallaxMagics(Magics):
     def _do_plan(self, args) -> None:
         from .widgets import plan as make_planner
 
+        _positive("--machines", args.machines)
+        _positive("--workers-per-machine", args.workers_per_machine)
+        if not args.latency >= 0:
+            raise UsageError(f"--latency must be >= 0 microseconds, got {args.latency:g}")
         if args.profile is None:
             prof = self.last["profile"]
             if prof is None:
@@ -216,15 +245,12 @@ class ParallaxMagics(Magics):
 
         if not isinstance(prof, Profile):
             raise UsageError(f"profile {args.profile!r} is a {type(prof).__name__}, not a parallax_nb Profile")
-        _positive("--machines", args.machines)
-        _positive("--workers-per-machine", args.workers_per_machine)
-        options = {k: v for k, v in dict(machines=args.machines, workers_per_machine=args.workers_per_machine,
-                                         bandwidth=args.bandwidth).items() if v is not None}
-        if args.bandwidth is not None:
-            from .types import parse_bandwidth
+        from .types import parse_bandwidth
 
-            parse_bandwidth(args.bandwidth)   # a clear one-line error before the planner starts
-        planner = make_planner(prof, architecture=args.arch, **options)
+        parse_bandwidth(args.bandwidth)   # a clear one-line error before the planner starts
+        planner = make_planner(prof, architecture=args.arch, machines=args.machines,
+                               workers_per_machine=args.workers_per_machine, bandwidth=args.bandwidth,
+                               latency_s=args.latency / 1e6, local_aggregation=args.local_aggregation)
         self.store(args.output, planner)
         if args.output != "plan":
             self.store("plan", planner.plan)
@@ -319,8 +345,11 @@ class ParallaxMagics(Magics):
 
 
 def load_ipython_extension(ipython) -> None:
-    """``%load_ext parallax_nb``: register ``%parallax``."""
+    """``%load_ext parallax_nb``: register ``%parallax``, short ParallaxErrors and phase displays."""
+    from .widgets.ipython import install
+
     ipython.register_magics(ParallaxMagics)
+    install(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -21,6 +21,7 @@ import time
 import urllib.request
 
 import pytest
+from browser_contrast import low_contrast
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
@@ -48,15 +49,17 @@ def _get(url: str, timeout: float = 2.0) -> int:
 
 
 def _quiet_settings(directory: pathlib.Path) -> pathlib.Path:
-    """User settings: no questions about news or updates (no network here), and every cell kept
-    in the DOM (JupyterLab's default "full" windowing detaches cells scrolled far away)."""
+    """User settings: no questions about news or updates (no network here), every cell kept in
+    the DOM (JupyterLab's default "full" windowing detaches cells scrolled far away), and widget
+    state saved with the notebook (ipywidgets' "Save Widget State Automatically")."""
     settings = {
-        ("apputils-extension", "notification"): {"fetchNews": "false", "checkForUpdates": False,
-                                                 "doNotDisturbMode": True},
-        ("notebook-extension", "tracker"): {"windowingMode": "none"},
+        ("@jupyterlab/apputils-extension", "notification"): {"fetchNews": "false", "checkForUpdates": False,
+                                                             "doNotDisturbMode": True},
+        ("@jupyterlab/notebook-extension", "tracker"): {"windowingMode": "none"},
+        ("@jupyter-widgets/jupyterlab-manager", "plugin"): {"saveState": True},
     }
     for (package, plugin), values in settings.items():
-        folder = directory / "@jupyterlab" / package
+        folder = directory.joinpath(*package.split("/"))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{plugin}.jupyterlab-settings").write_text(json.dumps(values))
     return directory
@@ -69,6 +72,7 @@ class Lab:
         self.port = _free_port()
         self.token = secrets.token_hex(16)
         self.marker = secrets.token_hex(8)     # in the environment of every process this server starts
+        self.console: list[str] = []          # the page's console errors
         self.root = root
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
@@ -162,20 +166,27 @@ JS_RUN_ALL = "() => window.jupyterapp.commands.execute('notebook:run-all-cells')
 JS_CELL_STATE = """() => {
   const w = window.jupyterapp.shell.currentWidget;
   const cells = w.content.model.cells;
-  const out = {code: 0, executed: 0, errors: [], kernel: w.sessionContext.session.kernel.status};
+  const out = {code: 0, executed: 0, errors: [], expected: [], kernel: w.sessionContext.session.kernel.status};
   for (let i = 0; i < cells.length; i++) {
     const c = cells.get(i);
     if (c.type !== 'code') continue;
     out.code += 1;
     if (c.executionCount) out.executed += 1;
+    const tags = c.getMetadata('tags') || [];
     for (const o of c.outputs.toJSON()) {
-      if (o.output_type === 'error') out.errors.push(`cell ${i}: ${o.ename}: ${o.evalue}`);
+      if (o.output_type !== 'error') continue;
+      const line = `cell ${i}: ${o.ename}: ${o.evalue}`;
+      (tags.includes('raises-exception') ? out.expected : out.errors).push(line);
     }
   }
-  out.running = document.querySelectorAll('.jp-InputArea-prompt').length
-    ? Array.from(document.querySelectorAll('.jp-InputArea-prompt')).filter(p => p.textContent.includes('*')).length : 0;
+  out.running = Array.from(document.querySelectorAll('.jp-InputArea-prompt'))
+    .filter(p => p.textContent.includes('*')).length;
   return out;
 }"""
+
+VIEWS = {"profile": ".parallax-profile-view", "planner": ".parallax-planner-view", "run": ".parallax-run-view",
+         "report": ".pxr"}
+THEMES = {"light": "JupyterLab Light", "dark": "JupyterLab Dark"}
 
 
 @pytest.fixture(scope="module")
@@ -192,59 +203,148 @@ def lab(tmp_path_factory, test_output_dir):
     assert not left, f"processes left running after JupyterLab shut down: {left}"
 
 
-def test_quickstart_runs_in_jupyterlab(lab, test_output_dir):
+@pytest.fixture(scope="module")
+def browser():
     with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            console_errors: list[str] = []
-            page.on("console", lambda m: console_errors.append(m.text[:200]) if m.type == "error" else None)
-            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?reset&token={lab.token}")
-            page.wait_for_function(JS_NOTEBOOK_READY, timeout=90_000, polling=500)
-            page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
-
-            start = time.monotonic()
-            page.evaluate(JS_RUN_ALL)
-            state = {}
-            while time.monotonic() - start < RUN_ALL_TIMEOUT_S:
-                state = page.evaluate(JS_CELL_STATE)
-                if state["errors"]:
-                    break
-                if state["executed"] == state["code"] and state["kernel"] == "idle" and not state["running"]:
-                    break
-                time.sleep(1.0)
-            page.screenshot(path=str(test_output_dir / "browser_lab_quickstart.png"))
-            assert not state.get("errors"), f"cells raised in JupyterLab: {state['errors']}; console: {console_errors}"
-            assert state.get("executed") == state.get("code"), (
-                f"not every cell ran within {RUN_ALL_TIMEOUT_S} s: {json.dumps(state)}")
-
-            page.set_viewport_size({"width": 1400, "height": 2000})   # room for whole widgets
-            planner = page.locator(".parallax-planner-view").first
-            planner.wait_for(state="attached", timeout=30_000)
-            assert planner.locator(".widget-slider").count() >= 2, "planner sliders did not render"
-            assert planner.locator("table").count() >= 1, "planner cost table did not render"
-            assert planner.locator("img").count() >= 1, "planner chart did not render"
-            planner.scroll_into_view_if_needed()
-            planner.screenshot(path=str(test_output_dir / "browser_lab_planner.png"))
-
-            # the widget is live: a bad bandwidth typed in the browser shows the planner's error box
-            bandwidth = planner.locator(".widget-text input").first
-            bandwidth.fill("fast")
-            bandwidth.press("Enter")
-            error = planner.locator(".parallax-error").first
-            error.wait_for(state="visible", timeout=30_000)
-            assert "fast" in error.inner_text()
-            bandwidth.fill("10Gbit/s")
-            bandwidth.press("Enter")
-            error.wait_for(state="detached", timeout=30_000)
-
-            run_view = page.locator(".parallax-run-view").first
-            run_view.wait_for(state="attached", timeout=30_000)
-            assert run_view.locator(".progress-bar").count() >= 1, "the run's progress bar did not render"
-            assert "done" in run_view.locator(".parallax-run-status").first.inner_text(), \
-                "the run view does not show the run as done"
-            run_view.scroll_into_view_if_needed()
-            run_view.screenshot(path=str(test_output_dir / "browser_lab_run.png"))
-            assert (lab.root / "quickstart_report.html").is_file(), "the notebook did not save its report"
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def executed(lab, browser, test_output_dir):
+    """The quickstart run top to bottom by JupyterLab's "run all cells", at 1024 px wide with
+    the file browser open (the narrow case); yields (page, final cell state)."""
+    page = browser.new_page(viewport={"width": 1024, "height": 900})
+    page.on("console", lambda m: lab.console.append(m.text[:200]) if m.type == "error" else None)
+    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?reset&token={lab.token}")
+    page.wait_for_function(JS_NOTEBOOK_READY, timeout=90_000, polling=500)
+    start = time.monotonic()
+    page.evaluate(JS_RUN_ALL)
+    state = {}
+    while time.monotonic() - start < RUN_ALL_TIMEOUT_S:
+        state = page.evaluate(JS_CELL_STATE)
+        if state["errors"]:
+            break
+        if state["executed"] == state["code"] and state["kernel"] == "idle" and not state["running"]:
+            break
+        time.sleep(1.0)
+    page.screenshot(path=str(test_output_dir / "browser_lab_quickstart.png"))
+    yield page, state
+    page.close()
+
+
+def _set_theme(page, theme: str) -> None:
+    page.evaluate(f"() => window.jupyterapp.commands.execute('apputils:change-theme', {{theme: '{THEMES[theme]}'}})")
+    light = "true" if theme == "light" else "false"
+    page.wait_for_function(f"() => document.body.dataset.jpThemeLight === '{light}'", timeout=30_000)
+    time.sleep(1.0)      # the theme's stylesheet applies after the attribute flips
+
+
+def test_quickstart_runs_in_jupyterlab(lab, executed, test_output_dir):
+    page, state = executed
+    assert not state.get("errors"), f"cells raised in JupyterLab: {state['errors']}; console: {lab.console}"
+    assert state.get("executed") == state.get("code"), (
+        f"not every cell ran within {RUN_ALL_TIMEOUT_S} s: {json.dumps(state)}")
+    assert len(state["expected"]) == 1 and "ConfigError: unparsable bandwidth 'fast'" in state["expected"][0]
+    shown = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").filter(
+        has_text="unparsable bandwidth").first.inner_text().strip().splitlines()
+    assert len(shown) <= 2 and shown[0].startswith("ConfigError: "), shown     # one line and its hint
+
+    planner = page.locator(".parallax-planner-view").first
+    planner.wait_for(state="attached", timeout=30_000)
+    assert planner.locator(".widget-slider").count() >= 2, "planner sliders did not render"
+    assert planner.locator("table").count() >= 1, "planner cost table did not render"
+    assert planner.locator("svg.parallax-chart").count() == 2, "planner charts did not render"
+    for view in ("profile", "planner", "run"):
+        box = page.locator(VIEWS[view]).first.bounding_box()
+        panel = page.locator(".jp-NotebookPanel").first.bounding_box()
+        assert box["x"] + box["width"] <= panel["x"] + panel["width"] + 1, f"the {view} view overflows"
+
+    run_view = page.locator(".parallax-run-view").first
+    assert run_view.locator(".progress-bar").count() >= 1, "the run's progress bar did not render"
+    status = run_view.locator(".parallax-run-status").first.inner_text()
+    assert "done in" in status and status.count("done") == 1, status
+    assert run_view.locator("svg.parallax-chart").count() == 3
+    assert (lab.root / "quickstart_report.html").is_file(), "the notebook did not save its report"
+
+
+def test_planner_keeps_the_last_valid_plan_on_bad_input(executed):
+    """Typed in the browser: a negative latency, a bandwidth without units, a partition count of
+    0. Each shows its error in the user's units, and the cards still show the last valid plan."""
+    page, _ = executed
+    planner = page.locator(".parallax-planner-view").first
+    planner.scroll_into_view_if_needed()
+    cards = planner.locator(".parallax-comm").first.inner_text()
+    error = planner.locator(".parallax-error").first
+    boxes = planner.locator(".widget-text input")               # bandwidth, latency (µs), partitions
+    assert boxes.count() == 3
+    cases = [(0, "fast", "unparsable bandwidth 'fast'"), (1, "-5", "-5 µs"), (2, "0", "got 0")]
+    for index, bad, expected in cases:
+        box = boxes.nth(index)
+        good = box.input_value()
+        box.fill(bad)
+        box.press("Enter")
+        error.wait_for(state="visible", timeout=30_000)
+        text = error.inner_text()
+        assert expected in text and "last valid plan" in text, (bad, text)
+        assert "latency_s" not in text and "e-06" not in text, (bad, text)
+        assert planner.locator(".parallax-comm").first.inner_text() == cards, f"{bad!r} changed the plan shown"
+        box.fill(good)
+        box.press("Enter")
+        error.wait_for(state="hidden", timeout=30_000)
+        assert planner.locator(".parallax-comm").first.inner_text() == cards, f"restoring {good!r} changed the plan"
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_views_are_readable_in_light_and_dark_themes(executed, theme, test_output_dir):
+    page, _ = executed
+    _set_theme(page, theme)
+    page.set_viewport_size({"width": 1024, "height": 2400})      # room for whole widgets
+    for view, selector in VIEWS.items():
+        element = page.locator(selector).first
+        element.evaluate("e => e.scrollIntoView({block: 'start'})")
+        time.sleep(0.3)
+        box = element.bounding_box()      # the report is taller than the window: its first screenful
+        clip = {"x": box["x"], "y": max(box["y"], 0), "width": box["width"],
+                "height": min(box["height"], 2400 - max(box["y"], 0))}
+        page.screenshot(path=str(test_output_dir / f"browser_lab_{view}_{theme}.png"), clip=clip)
+    low, measured = low_contrast(page, ", ".join(list(VIEWS.values()) + [".parallax-phase-view"]))
+    assert measured > 200, f"too little text measured: {measured}"
+    assert not low, f"{len(low)} of {measured} texts under 4.5:1 in the {theme} theme: {low[:12]}"
+    page.set_viewport_size({"width": 1024, "height": 900})
+    if theme == "dark":
+        _set_theme(page, "light")
+
+
+def test_saved_notebook_reopens_with_every_view(lab, browser, executed, test_output_dir):
+    """Saved in JupyterLab, the kernel shut down, the notebook opened in a fresh page: every
+    view is there from what was saved (no "model not found"), and the saved file carries each
+    view's HTML snapshot for renderers without widgets (GitHub, nbviewer, nbconvert)."""
+    page, _ = executed
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    saved = json.loads((lab.root / NOTEBOOK.name).read_text())
+    snapshots = [o["data"]["text/html"] for c in saved["cells"] for o in c.get("outputs", [])
+                 if "parallax-snapshot" in "".join(o.get("data", {}).get("text/html", ""))]
+    for css_class in ("parallax-profile-snapshot", "parallax-planner-snapshot", "parallax-run-snapshot"):
+        assert any(css_class in "".join(html) for html in snapshots), f"no {css_class} in the saved notebook"
+    request = urllib.request.Request(f"{lab.url}/api/kernels", headers={"Authorization": f"token {lab.token}"})
+    for kernel in json.loads(urllib.request.urlopen(request, timeout=10).read()):
+        urllib.request.urlopen(urllib.request.Request(f"{lab.url}/api/kernels/{kernel['id']}", method="DELETE",
+                                                      headers={"Authorization": f"token {lab.token}"}), timeout=30)
+    page.close()
+    fresh = browser.new_page(viewport={"width": 1024, "height": 2400})
+    try:
+        fresh.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?reset&token={lab.token}")
+        fresh.wait_for_selector(".parallax-run-view svg.parallax-chart", timeout=90_000)
+        text = fresh.locator(".jp-Notebook").first.inner_text()
+        assert "model not found" not in text
+        for view in ("profile", "planner", "run"):
+            assert fresh.locator(f"{VIEWS[view]} svg.parallax-chart").count() >= 1, f"{view} view missing"
+        assert "done in" in fresh.locator(".parallax-run-status").first.inner_text()
+        fresh.locator(VIEWS["run"]).first.screenshot(path=str(test_output_dir / "browser_lab_reopened_run.png"))
+    finally:
+        fresh.close()

@@ -47,6 +47,42 @@ def test_help_lists_every_subcommand(shell, capsys):
     assert "--engines" in capsys.readouterr().out
 
 
+def test_help_is_short_and_plain(shell, capsys):
+    from parallax_nb.magics import USAGE
+
+    doc = shell.find_line_magic("parallax").__doc__
+    assert doc == USAGE and len(doc.splitlines()) <= 20
+    assert "::" not in doc and "``" not in doc and "%%parallax" not in doc   # no raw rST, no cell magic
+    assert "parallax" not in shell.magics_manager.magics["cell"]
+    shell.run_line_magic("parallax", "plan --help")
+    out = capsys.readouterr().out
+    for option in ("--machines", "--bandwidth", "--latency", "--workers-per-machine", "--arch"):
+        assert option in out
+    assert "default: 10Gbit/s" in out and "default: 25" in out and "microseconds" in out
+    assert "default: 2; 1 machine has no network traffic" in " ".join(out.split())
+    assert "--latency must be >= 0 microseconds, got -5" in _usage_error(shell, "plan --latency -5")
+
+
+def test_parallax_errors_from_python_are_message_and_hint(shell, capsys):
+    """px.plan(prof, bandwidth="fast") in a cell: the message and the hint, no traceback."""
+    from parallax_nb.types import Profile, VariableProfile
+
+    dense = VariableProfile(name="dense/kernel", shape=(16, 16), dtype="float32", size_bytes=1024, kind="dense",
+                            rows_touched_mean=16, alpha_mean=1.0, alpha_p50=1.0, alpha_p95=1.0, alpha_max=1.0,
+                            grad_bytes_per_step=1024, union_rows_by_workers=(16,) * 8)
+    shell.user_ns["toy_profile"] = Profile(model_name="toy", batch_size=8, steps=5, step_time_s=0.01,
+                                           peak_memory_bytes=0, variables=(dense,))
+    capsys.readouterr()
+    result = shell.run_cell("import parallax_nb as px\npx.plan(toy_profile, bandwidth='fast')")
+    assert not result.success and type(result.error_in_exec).__name__ == "ConfigError"
+    captured = capsys.readouterr()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err).strip()
+    assert "Traceback" not in text and "File " not in text, text
+    lines = text.splitlines()
+    assert lines[0].startswith("ConfigError: ") and "'fast'" in lines[0], text
+    assert len(lines) <= 3 and lines[1].startswith("  -> "), text
+
+
 def test_bad_arguments_are_one_line_errors(shell, capsys):
     assert "unknown %parallax subcommand 'frobnicate'" in _usage_error(shell, "frobnicate job")
     assert "invalid int value: 'many'" in _usage_error(shell, "profile job --steps many")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -69,9 +70,22 @@ def _outputs(nb) -> list:
     return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
 
 
+def _raises(cell) -> bool:
+    return "raises-exception" in cell.get("metadata", {}).get("tags", [])
+
+
 def _assert_clean(nb) -> None:
-    errors = [f"{o.ename}: {o.evalue}" for o in _outputs(nb) if o.output_type == "error"]
+    """No error output except in cells tagged raises-exception, whose error must be short: a
+    ParallaxError shown as its message and hint, not a traceback."""
+    errors = [f"{o.ename}: {o.evalue}" for c in nb.cells if c.cell_type == "code" and not _raises(c)
+              for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+    for cell in (c for c in nb.cells if c.cell_type == "code" and _raises(c)):
+        shown = [o for o in cell.outputs if o.output_type == "error"]
+        assert len(shown) == 1, f"{cell.source[:60]!r} should raise once"
+        lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in shown[0].traceback]
+        assert len(lines) <= 2 and lines[0].startswith(f"{shown[0].ename}: "), lines
+        assert not any("File " in line or "Traceback" in line for line in lines), lines
     unexecuted = [c.source[:60] for c in nb.cells if c.cell_type == "code" and c.execution_count is None]
     assert not unexecuted, f"cells not executed: {unexecuted}"
 
@@ -105,6 +119,7 @@ def test_quickstart_command_runs_the_notebook_on_two_engines(tmp_path):
     widgets = _widget_reprs(nb)
     for view in ("ProfileView", "PlannerView", "RunView"):
         assert view in widgets, f"no {view} in the executed quickstart"
+    _assert_static_snapshots(nb, tmp_path)
 
     data = json.loads(report.with_suffix(".json").read_text())
     assert data["schema"] == "parallax_nb.report"
@@ -113,6 +128,37 @@ def test_quickstart_command_runs_the_notebook_on_two_engines(tmp_path):
     assert measured["run"]["ranks"] == 2 and measured["run"]["steps"] > 0
     assert "lm-tiny" in report.read_text()
     print(f"quickstart command: {elapsed:.0f} s")
+
+
+SNAPSHOTS = {"ProfileView": "parallax-profile-snapshot", "PlannerView": "parallax-planner-snapshot",
+             "RunView": "parallax-run-snapshot"}
+
+
+def _assert_static_snapshots(nb, tmp_path) -> None:
+    """Every view's output carries its final state as HTML with inline SVG charts, and
+    ``nbconvert --to html`` of the notebook as JupyterLab saves it by default (no widget
+    state) shows them: what GitHub, nbviewer or a reopened notebook show without a kernel."""
+    found = {}
+    for o in _outputs(nb):
+        data = o.get("data", {})
+        kind = str(data.get("text/plain", "")).split(":", 1)[0]
+        if WIDGET_MIME in data and kind in SNAPSHOTS:
+            html = data.get("text/html", "")
+            assert SNAPSHOTS[kind] in html and "<svg" in html and "<script" not in html.lower(), kind
+            found[kind] = html
+    assert set(found) == set(SNAPSHOTS), f"views without a snapshot: {set(SNAPSHOTS) - set(found)}"
+    assert "done in" in found["RunView"], "the run's snapshot is not its final state"
+    plain = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+    plain.metadata.pop("widgets", None)
+    saved = tmp_path / "saved_without_widget_state.ipynb"
+    nbformat.write(plain, saved)
+    subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(saved)], check=True,
+                   capture_output=True, timeout=120)
+    page = saved.with_suffix(".html").read_text()
+    for kind, css_class in SNAPSHOTS.items():
+        assert css_class in page, f"nbconvert --to html does not show the {kind} snapshot"
+    assert len(re.findall(r'<svg [^>]*class="parallax-chart', page)) >= 6     # nbconvert reorders attributes
+    assert "ConfigError" in page and "unparsable bandwidth" in page
 
 
 @pytest.mark.timeout(300)

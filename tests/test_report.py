@@ -373,3 +373,16 @@ def test_report_of_a_real_two_rank_run(lm_profile, tmp_path, test_output_dir):
     assert len(shown) == 1 + len(lm_profile.variables)
     assert all(r[3].endswith("%") for r in shown[1:])
     assert Report.from_json(files.json).to_dict() == rep.to_dict()
+
+
+def test_environment_facts_read_as_text_with_units(lm_report):
+    """The facts table: seconds with 3 digits and "s", no Python list brackets, no raw floats;
+    the assumptions speak of the run's topology, not of a literal placeholder."""
+    page = lm_report.html()
+    facts = re.findall(r"<td>environment: ([^<]+)</td><td>([^<]*)</td>", page)
+    assert facts
+    for key, value in facts:
+        assert "[" not in value and "]" not in value, (key, value)
+        if key.endswith("_s"):
+            assert re.fullmatch(r"[\d.e+-]+ s", value) and len(value) <= 9, (key, value)
+    assert "&lt;ranks&gt;" not in page and "<ranks>" not in page

@@ -83,3 +83,26 @@ def test_report_renders_from_disk_with_no_other_host_and_no_console_error(report
     assert all(url.startswith(("file://", "data:")) for url in requests), requests
     assert console_errors == []
     assert dialogs == []
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_report_follows_the_browsers_colour_scheme(report_file, test_output_dir, scheme):
+    """Opened from disk with the browser preferring light or dark: every text of the page
+    reads at 4.5:1 or more against what it sits on, and the page background follows."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from browser_contrast import low_contrast
+
+    files, _ = report_file
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1024, "height": 900}, color_scheme=scheme)
+            page.goto(pathlib.Path(files.html).resolve().as_uri(), wait_until="load")
+            background = page.evaluate("getComputedStyle(document.querySelector('.pxr')).backgroundColor")
+            dark = [int(v) for v in background[background.index("(") + 1:-1].split(",")[:3]]
+            assert (max(dark) < 60) == (scheme == "dark"), background
+            low, measured = low_contrast(page, ".pxr")
+            assert measured > 100 and not low, f"{len(low)} of {measured} texts under 4.5:1: {low[:10]}"
+            page.screenshot(path=str(test_output_dir / f"report_browser_{scheme}.png"), full_page=True)
+        finally:
+            browser.close()

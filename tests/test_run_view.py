@@ -1,8 +1,10 @@
-"""RunView reads a Run model: drive the model by hand, read the widget state (no browser, no cluster)."""
+"""RunView reads a Run model: drive the model by hand, read the widget state (no browser, no
+cluster); the last test runs the journey in a real kernel and reads the phases its widgets sent."""
+import time
+
 import pytest
 
 pytest.importorskip("ipywidgets")
-pytest.importorskip("matplotlib")
 
 from parallax_nb.cluster.run import Run  # noqa: E402
 from parallax_nb.errors import DistributedError  # noqa: E402
@@ -21,6 +23,17 @@ def _profile() -> Profile:
                             grad_bytes_per_step=1024, union_rows_by_workers=(16,) * 8)
     return Profile(model_name="toy", batch_size=8, steps=5, step_time_s=0.01, peak_memory_bytes=0,
                    variables=(emb, dense))
+
+
+def assert_svg_charts(html: str, count: int) -> None:
+    """``count`` well-formed inline SVG charts (what replaced the PNG)."""
+    import re
+    import xml.etree.ElementTree as ET
+
+    charts = re.findall(r"<svg.*?</svg>", html, flags=re.S)
+    assert len(charts) == count, html[:300]
+    for chart in charts:
+        assert ET.fromstring(chart).tag.endswith("svg")
 
 
 def _record(step, loss, sent=3000.0, received=1000.0):
@@ -50,7 +63,7 @@ def test_progress_status_and_charts_follow_records(planned_run):
     assert data["loss"] == [5.0, 4.5, 4.0]
     assert data["examples_per_s"] == [101.0, 102.0, 103.0]
     assert data["bytes_per_step"] == [4000.0, 4000.0, 4000.0]   # sent + received
-    assert view.charts.value[:4] == b"\x89PNG"
+    assert_svg_charts(view.charts.value, 3)
     assert "loss 4.0000" in view.status_text() and "3/10 steps" in view.status_text()
     # records of another rank and duplicates do not change rank 0's history
     run.add_records([_record(4, 1.0)], rank=1)
@@ -196,3 +209,136 @@ def test_stop_button_works_while_a_kernel_cell_waits():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_phases_tick_and_the_end_is_said_once(planned_run):
+    run, _ = planned_run
+    view = RunView(run, redraw_s=0.0)
+    assert view.status_text().startswith("starting · 0.")
+    charts = view.charts.value
+    assert charts.count(">waiting for the first step</text>") == 3 and "<line" not in charts   # no fake axes
+    run.set_phase("starting the cluster: engines 1 of 2 ready")
+    assert "starting the cluster: engines 1 of 2 ready · " in view.status.value
+    run.phase_started_at -= 3.0                     # three seconds later, the ticker redraws
+    import time
+
+    deadline = time.monotonic() + 3
+    while "· 3." not in view.status.value and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "· 3." in view.status.value
+    run.set_status("running")
+    run.add_records([_record(1, 5.0)])
+    assert view.status_text().startswith("training · ")
+    run.set_phase("gathering the trained weights")
+    run.add_records([_record(10, 4.0)])             # a late record does not hide the wrap-up
+    assert view.status_text().startswith("gathering the trained weights · ")
+    run.finish(history=[_record(s, 1.0) for s in range(1, 11)])
+    text = view.status_text()
+    assert text.startswith("done in ") and text.count("done") == 1 and "10/10 steps" in text
+
+
+def test_a_plan_for_another_cluster_is_flagged(planned_run):
+    plan = make_plan(_profile(), ClusterSpec.create(machines=2), architecture="hybrid")
+    same = RunView(Run(plan=plan, steps=4, engines=2))
+    assert same.warning.value == ""
+    other = RunView(Run(plan=plan, steps=4, engines=3))
+    text = other.warning.value
+    assert "made for 2 machine(s) x 1 worker(s)" in text and "runs on 3 engines" in text
+    assert "no prediction" in text and "profile=prof" in text
+    with_profile = RunView(Run(plan=plan, steps=4, engines=3, profile=_profile())).warning.value
+    assert "recomputed from the profile" in with_profile
+
+
+def test_run_snapshot_and_smoothed_throughput(planned_run):
+    run, _ = planned_run
+    view = RunView(run, redraw_s=0.0)
+    records = [dict(_record(s, 5.0 - s / 10), examples_per_s=40.0 if s % 2 else 3000.0) for s in range(1, 11)]
+    run.finish(summary={"steps": 10}, history=records)
+    bundle = view._repr_mimebundle_()
+    html = bundle["text/html"]
+    assert "parallax-run-snapshot" in html and "done in" in html and "<script" not in html.lower()
+    assert_svg_charts(html, 3)
+    assert "smoothed" in html and "raw" in html and "predicted" in html
+    assert bundle["text/plain"].startswith("RunView: Run on 2 MPI engines: done in")
+
+
+PHASE_CELL = '''
+import time
+get_ipython().run_line_magic("load_ext", "parallax_nb")
+import parallax_nb as px
+from parallax_nb.workloads import lm_job
+job = lm_job("tiny")
+print("MARK profile", time.time(), flush=True)
+prof = px.profile(job, steps=5)
+print("MARK cluster-start", time.time(), flush=True)
+get_ipython().run_line_magic("parallax", "cluster start --engines 2")
+print("MARK run", time.time(), flush=True)
+run = px.run(job, px.plan(prof, machines=2).plan, engines=2, steps=6, profile=prof)
+print("MARK cluster-stop", time.time(), flush=True)
+get_ipython().run_line_magic("parallax", "cluster stop")
+print("MARK end", time.time(), flush=True)
+'''
+
+
+def _phase_messages(kc, deadline):
+    """(kernel time, text) of every phase label the kernel's widgets showed, and the MARK lines."""
+    import queue
+    import re
+
+    phases, marks = [], {}
+    while time.monotonic() < deadline and "end" not in marks:
+        try:
+            msg = kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "status" and content["execution_state"] == "idle" and msg["parent_header"].get("msg_type") == \
+                "execute_request":
+            break
+        if kind == "error":
+            pytest.fail("\n".join(content["traceback"]))
+        if kind == "stream":
+            if content["name"] == "stderr" and "UsageError" in content["text"]:
+                pytest.fail(content["text"])
+            for name, at in re.findall(r"MARK (\S+) ([\d.]+)", content["text"]):
+                marks[name] = float(at)
+        if kind in ("comm_open", "comm_msg"):
+            value = (content.get("data") or {}).get("state", {}).get("value")
+            if isinstance(value, str) and ("parallax-phase" in value or "parallax-run-status" in value):
+                text = re.sub(r"<[^>]+>", " ", value)
+                phases.append((msg["header"]["date"].timestamp(), " ".join(text.split())))
+    return phases, marks
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_every_long_wait_names_its_phase_within_a_second():
+    """In a real kernel: profiling, cluster start and stop, and a run's start-up, steps and
+    wrap-up each show a phase (read from the widget state sent to the browser) at most 1 s
+    after they begin, and the shown timer moves at least every second until they end."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        kc.execute(PHASE_CELL)
+        phases, marks = _phase_messages(kc, time.monotonic() + 280)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert list(marks) == ["profile", "cluster-start", "run", "cluster-stop", "end"], marks
+    order = list(marks)
+    seen = {}
+    for begin, end in zip(order, order[1:]):
+        start, stop = marks[begin], marks[end]
+        shown = [(t, text) for t, text in phases if start <= t <= stop + 0.5]
+        seen[begin] = [text for _, text in shown]
+        assert shown and shown[0][0] - start <= 1.0, (begin, shown[:3])
+        times = [start] + [t for t, _ in shown]
+        gaps = [b - a for a, b in zip(times, times[1:]) if b < stop - 0.2]
+        assert max(gaps, default=0) <= 1.0, (begin, max(gaps), shown)
+    assert any("step 5 of 5" in t for t in seen["profile"]) and any("done in" in t for t in seen["profile"])
+    assert any("engines 2 of 2 ready" in t for t in seen["cluster-start"])
+    run_phases = " | ".join(seen["run"])
+    for phase in ("shipping the job to 2 engines", "building the model", "tracing the training step",
+                  "training", "gathering the trained weights", "done in"):
+        assert phase in run_phases, (phase, run_phases)
+    assert any("stopping the engines" in t for t in seen["cluster-stop"])

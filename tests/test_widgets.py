@@ -3,6 +3,8 @@ model, or set model values and read the widgets. Every figure is checked against
 parallax_nb.cost / parallax_nb.plan computed independently for the same inputs."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest.importorskip("ipywidgets")
@@ -33,6 +35,18 @@ def view(planner):
     v = PlannerView(planner)
     yield v
     v.close()
+
+
+def assert_svg_chart(html: str) -> None:
+    """The chart is inline, well-formed SVG with bars or lines (what replaced the PNG)."""
+    import xml.etree.ElementTree as ET
+
+    charts = re.findall(r"<svg.*?</svg>", html, flags=re.S)
+    assert charts, html[:200]
+    for chart in charts:
+        root = ET.fromstring(chart)
+        assert root.tag.endswith("svg") and root.get("viewBox")
+    assert "<rect" in html or "<path" in html
 
 
 def expected(profile, machines, workers, bandwidth, local_aggregation=True, architecture="auto",
@@ -99,7 +113,7 @@ def test_setting_widgets_recomputes_the_model(view, planner, profile, widget_cha
     for name, row in planner.table.iterrows():
         assert name in view.table.value
         assert format_bytes(row["ps_bytes_per_step"]) in view.table.value
-    assert view.chart.value[:4] == b"\x89PNG"
+    assert_svg_chart(view.chart.value)
 
 
 def test_local_aggregation_changes_the_sparse_figures(view, planner, profile):
@@ -263,7 +277,7 @@ def test_profile_view_shows_every_variable(profile):
         assert format_bytes(var.size_bytes) in view.table.value
     assert profile.model_name in view.header.value
     assert view.table.value.count("sparse") >= sum(v.is_sparse for v in profile.variables)
-    assert view.chart.value[:4] == b"\x89PNG"
+    assert_svg_chart(view.chart.value)
     with pytest.raises(ConfigError):
         ProfileView({"not": "a profile"})
 
@@ -289,7 +303,116 @@ def test_many_variables_table_lists_all_chart_the_largest(profile):
         assert len(top) == CHART_VARIABLES
         peak = view.planner.table[["ps_bytes_per_step", "ar_bytes_per_step"]].max(axis=1)
         assert peak[top.index].min() >= peak.drop(top.index).max()
-        assert view.chart.value[:4] == b"\x89PNG"
+        assert_svg_chart(view.chart.value)
     finally:
         view.close()
-    assert ProfileView(many).chart.value[:4] == b"\x89PNG"
+    assert_svg_chart(ProfileView(many).chart.value)
+
+
+def test_bad_inputs_in_the_view_speak_user_units_and_keep_the_last_plan(view, planner, profile):
+    """A bad latency, bandwidth and partition count typed into the controls: each error names
+    the value as typed (microseconds, the text, the count), and the last valid plan stays."""
+    before = (planner.plan, planner.estimate, view.summary.value)
+    view.latency_us.value = -5.0
+    assert not planner.ok
+    message = planner.error.message
+    assert "latency" in message and "-5 µs" in message, message
+    assert "latency_s" not in message and "e-06" not in message and "ClusterSpec" not in message
+    assert "-5 µs" in view.error.value and "last valid plan" in view.error.value
+    assert (planner.plan, planner.estimate, view.summary.value) == before
+    view.latency_us.value = 25.0
+    assert planner.ok and planner.plan == before[0]
+
+    view.bandwidth.value = "fast"
+    assert not planner.ok and "'fast'" in planner.error.message and planner.error.hint
+    assert (planner.plan, planner.estimate) == before[:2]
+    view.bandwidth.value = "10Gbit/s"
+    assert planner.ok
+
+    sparse = next(v.name for v in profile.variables if v.is_sparse)
+    view.variable.value = sparse
+    view.partitions.value = 0
+    assert not planner.ok and f"partitions of {sparse} must be >= 1, got 0" in planner.error.message
+    assert (planner.plan, planner.estimate) == before[:2]
+    assert "got 0" in view.error.value
+    view.partitions.value = 3
+    assert planner.ok and planner.plan[sparse].partitions == 3
+
+
+def test_latency_box_shows_the_microseconds_given(view, planner):
+    assert view.latency_us.value == 25.0          # 25e-6 s, not 24.999999999999996
+    planner.set(latency_s=7.3e-6)
+    assert view.latency_us.value == 7.3
+
+
+def test_partitions_are_explained(view, planner, profile):
+    dense = next(v for v in profile.variables if not v.is_sparse)
+    view.variable.value = dense.name
+    view.method.value = "ps"
+    parts = planner.plan[dense.name].partitions
+    assert parts == planner.cluster.workers      # the default: one per worker
+    note = view.partitions_note.value
+    assert f"{dense.shape[0]:,} rows in {parts} slices" in note and "one per worker" in note
+    if parts > dense.shape[0]:
+        assert f"{parts - dense.shape[0]} slices are empty" in note
+
+
+def test_every_view_carries_a_static_snapshot(view, profile):
+    """What GitHub, nbviewer and nbconvert show for a widget output: its text/html."""
+    bundles = {"planner": view._repr_mimebundle_(), "profile": ProfileView(profile)._repr_mimebundle_()}
+    for name, bundle in bundles.items():
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        html = bundle["text/html"]
+        assert "parallax-snapshot" in html and "<table" in html and "<script" not in html.lower()
+        assert_svg_chart(html)
+        assert "\n" not in bundle["text/plain"] and len(bundle["text/plain"]) < 400
+    assert profile.model_name in bundles["profile"]["text/html"]
+    assert "Planned for 8 machine(s) x 6 worker(s), 10Gbit/s" in bundles["planner"]["text/html"]
+    view.bandwidth.value = "1Gbit/s"      # the snapshot follows the state
+    assert "1Gbit/s" in view._repr_mimebundle_()["text/html"]
+
+
+def test_one_vocabulary_and_palette(view, profile):
+    from parallax_nb import labels
+    from parallax_nb.report import html as report_html
+
+    ps, ar = labels.colour("ps"), labels.colour("ar")
+    assert ps != ar
+    for key, colour in (("ps", ps), ("ar", ar)):
+        assert f".pxr .badge.{key} {{ background: {colour}; }}" in report_html.CSS
+        assert f'fill="{colour}"' in view.chart.value                # the planner's bars
+    assert f"background:{ps}" in view.table.value and ">PS</span>" in view.table.value
+    assert [label for label, _ in view.architecture.options] == ["AR", "PS", "HYBRID", "AUTO"]
+    assert labels.text("sparse_as_dense") in view.chart.value.replace("\n", " ") or \
+        "sparse-as-dense" in view.chart.value
+    assert all(tip for tip in view.method.tooltips) and view.method.style.button_width == "96px"
+
+
+def test_svg_charts_axes_follow_the_data():
+    from parallax_nb import svg
+
+    ticks = svg.log_byte_ticks(100, 5e6)
+    assert [svg.short_bytes(t) for t in ticks] == ["256 B", "4 KiB", "64 KiB", "1 MiB"]   # no colliding labels
+    assert len(svg.log_byte_ticks(1, 2 ** 40)) <= 6
+    assert svg.linear_ticks(31_000, svg.byte_unit(31_000))[0] == [0, 10240, 20480, 30720, 40960]  # 0 .. 40 KiB
+    assert svg.short_bytes(0) == "0 B" and svg.short_bytes(1.5 * 2 ** 20) == "1.5 MiB"
+    bars = svg.hbars(["a", "b"], [{"name": "PS", "colour": "#b35900", "values": [0.0, 4096.0]}], "bytes")
+    assert bars.count("<rect x=") - bars.count('width="11"') == 1 and ">0 B</text>" in bars   # 0 B is no bar
+    empty = svg.lines("loss", [], [{"name": "loss", "colour": "red", "values": []}])
+    assert "waiting for the first step" in empty and "<line" not in empty and "<path" not in empty
+    tall = svg.columns(["AR", "PS", "x"], [{"name": "t", "colour": "#888", "values": [10.0, 12.0, 974.0]}], "t")
+    assert ">974</text>" in tall and "<path d=\"M" in tall       # drawn broken, its value written
+    assert svg.smooth([40.0, 3000.0, 40.0, 3000.0])[-1] < 3000.0
+
+
+def test_phase_view_names_the_phase_and_ends_in_one_line():
+    from parallax_nb.widgets.progress_view import PhaseView
+
+    view = PhaseView("profiling lm-tiny")
+    assert view.text().startswith("profiling lm-tiny: starting · 0.")
+    view.show_phase("step 2 of 5", done=2, total=5)
+    assert (view.bar.value, view.bar.max) == (2, 5) and "step 2 of 5 · " in view.label.value
+    view.finish(3.25)
+    assert view.text() == "profiling lm-tiny: done in 3.2 s" and view.bar.bar_style == "success"
+    assert [text for _, text in view.history] == ["starting", "step 2 of 5"]
+    assert view._repr_mimebundle_()["text/plain"] == "PhaseView: profiling lm-tiny: done in 3.2 s"

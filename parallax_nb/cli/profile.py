@@ -20,8 +20,11 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from .. import progress
     from ..job import load_job
     from ..profile import profile_job
+
+    progress.listen(progress.terminal_listener())
 
     job = load_job(args.job)
     if args.batch_size is not None:

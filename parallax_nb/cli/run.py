@@ -231,6 +231,10 @@ def _rank_main(args) -> int:
         configure_threads()
         info = rank_info()  # Horovod up and this rank's GPU chosen before the user's module runs
         job = load_job(args.job)
+        if info.rank == 0:     # the start-up phases, as the notebook shows them
+            from .. import progress
+
+            progress.listen(progress.terminal_listener(prefix="parallax_nb run:"))
         plan = _plan_on_rank(job, args, info)
         search = None
         if args.partitions == "auto":

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import progress
 from ..errors import ConfigError, SetupError
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -282,6 +283,10 @@ class Cluster:
         """
         if self.running and self.alive():
             return self
+        with progress.task("cluster", f"starting a cluster of {self.n} MPI engines"):
+            return self._start()
+
+    def _start(self) -> "Cluster":
         t0 = time.monotonic()
         if self._ipp is not None and self._ipp.controller is not None and self._client is not None:
             self._restart_engines()
@@ -289,8 +294,10 @@ class Cluster:
             self.stop()
             self._ipp = self._new_ipp_cluster()
             try:
+                progress.phase("cluster", "starting the controller", done=0, total=self.n)
                 self._ipp.start_controller_sync()
                 make_private(self._ipp.profile_dir)
+                progress.phase("cluster", f"starting {self.n} engines (mpiexec)", done=0, total=self.n)
                 self._ipp.start_engines_sync(self.n)
                 self._client = self._ipp.connect_client_sync()
                 self._wait_for_engines()
@@ -327,6 +334,7 @@ class Cluster:
         deadline = time.monotonic() + self.engine_timeout_s
         asked: dict = {}
         fresh: dict[int, EngineInfo] = {}
+        announced = -1
         while True:
             for engine_id in self._client.ids:
                 if engine_id not in asked and engine_id not in fresh:
@@ -341,6 +349,9 @@ class Cluster:
                     if d["pid"] not in old_pids:
                         fresh[engine_id] = EngineInfo(engine_id=engine_id, rank=d["rank"], host=d["host"],
                                                       pid=d["pid"])
+            if len(fresh) != announced:
+                announced = len(fresh)
+                progress.phase("cluster", f"engines {announced} of {self.n} ready", done=announced, total=self.n)
             if len(fresh) >= self.n:
                 break
             if time.monotonic() > deadline:
@@ -358,6 +369,7 @@ class Cluster:
     def _restart_engines(self) -> None:
         """Stop the engines' mpiexec (killing stuck ranks) and start a fresh set of engines."""
         old_pids = frozenset(e.pid for e in self._engines)
+        progress.phase("cluster", f"restarting {self.n} engines", done=0, total=self.n)
         self._ipp.stop_engines_sync()
         _terminate(_descendants(list(old_pids)), grace_s=3.0)   # ranks stuck in a collective
         self._engines = ()
@@ -379,6 +391,13 @@ class Cluster:
         Whatever is still running 5 s after ipyparallel's own shutdown (an engine stuck in a
         collective, a nanny) is killed, so no process outlives the cluster.
         """
+        if self._ipp is None:
+            return self._stop()
+        with progress.task("cluster", f"stopping the cluster of {self.n} MPI engines"):
+            progress.phase("cluster", "stopping the engines and the controller")
+            self._stop()
+
+    def _stop(self) -> None:
         leftovers = _descendants(self._process_ids()) if self._ipp is not None else []
         if self._client is not None:
             try:
@@ -392,6 +411,8 @@ class Cluster:
             except Exception:
                 pass
             self._ipp = None
+        if leftovers:
+            progress.phase("cluster", "ending leftover processes")
         _terminate(leftovers, grace_s=5.0)
         self._engines = ()
         self._disarm_reaper()

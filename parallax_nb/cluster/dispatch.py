@@ -32,9 +32,10 @@ import time
 import traceback
 from typing import Any, Callable
 
+from .. import progress
 from ..errors import ConfigError, DistributedError
 from .cluster import Cluster, default_cluster
-from .engine import RECORD_KEY_PREFIX, STOP_SIGNAL, train_on_engine
+from .engine import RECORD_KEY_PREFIX, STATUS_KEY, STOP_SIGNAL, train_on_engine
 from .run import FAILED, RUNNING, STOPPING, Run
 
 STOP_GRACE_S = 15.0
@@ -68,6 +69,7 @@ class RunController:
         self.failure_grace_s = failure_grace_s
         self.error_dir: str | None = None   # where ranks that give up write error-<rank>.txt
         self._seen_keys: list[set] = [set() for _ in async_results]
+        self._engine_phase: str | None = None
         self._first_error: tuple[float, int, BaseException] | None = None
         self._mpi_output = ""      # mpiexec's output, read before engines are restarted
         self._abort_reason: str | None = None
@@ -100,6 +102,10 @@ class RunController:
                 data = self.cluster.client.metadata[ar.msg_ids[0]]["data"]
             except Exception:
                 continue
+            status = data.get(STATUS_KEY) if rank == 0 else None
+            if status and status.get("text") != self._engine_phase:   # rank 0's latest phase
+                self._engine_phase = status.get("text")
+                self.run.set_phase(self._engine_phase)
             new = [k for k in list(data) if k.startswith(RECORD_KEY_PREFIX) and k not in self._seen_keys[rank]]
             if not new:
                 continue
@@ -296,47 +302,69 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
         raise ConfigError(f"step_timeout_s must be a positive number of seconds, got {step_timeout_s!r}")
     if resume and not checkpoint_dir:
         raise ConfigError("resume=True needs checkpoint_dir: the folder the earlier run saved checkpoints in")
-    if plan is None and train_fn is None:
-        plan = default_plan(job)
-    plan_dict = None
-    if plan is not None:
-        if hasattr(plan, "to_dict"):
-            plan_dict = plan.to_dict()
-        elif isinstance(plan, dict):
-            plan_dict = plan
-        else:
-            raise ConfigError(f"plan must be a parallax_nb Plan (or its dict), got {type(plan).__name__}",
-                              hint="make one with px.plan(profile, ...).plan or px.make_plan(...)")
-    if cluster is None:
-        cluster = default_cluster(engines)
-    elif cluster.n != engines:
+    if plan is not None and not hasattr(plan, "to_dict") and not isinstance(plan, dict):
+        raise ConfigError(f"plan must be a parallax_nb Plan (or its dict), got {type(plan).__name__}",
+                          hint="make one with px.plan(profile, ...).plan or px.make_plan(...)")
+    if cluster is not None and cluster.n != engines:
         raise ConfigError(f"the cluster has {cluster.n} engines but engines={engines}",
                           hint=f"pass engines={cluster.n} or a cluster of {engines} engines")
-    cluster.start()
-
-    error_dir = tempfile.mkdtemp(prefix="parallax_nb-run-errors-")     # 0700, removed when the run ends
-    options = dict(checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
-                   step_timeout_s=step_timeout_s, error_dir=error_dir)
-    architecture = (plan_dict or {}).get("architecture") if isinstance(plan_dict, dict) else None
+    architecture = plan.get("architecture") if isinstance(plan, dict) else getattr(
+        getattr(plan, "architecture", None), "value", None)
     the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture, profile=profile)
-    engine_ids = cluster.engine_ids
-    job_bytes = job.to_bytes()
-    client = cluster.client
-    train_fn_bytes = _pickle_function(train_fn) if train_fn is not None else None
-    async_results = [client[eid].apply_async(train_on_engine, job_bytes, plan_dict, steps, options, train_fn_bytes)
-                     for eid in engine_ids]
-    controller = RunController(the_run, cluster, async_results, engine_ids, stop_grace_s=stop_grace_s,
+    _last_run = the_run
+    if display:       # at once: the start-up phases below are shown while they happen
+        _display(the_run)
+    try:
+        cluster, async_results, error_dir = _start(the_run, job, cluster, train_fn, steps, dict(
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, resume=resume,
+            step_timeout_s=step_timeout_s))
+    except BaseException as e:
+        from ..errors import ParallaxError
+
+        error = e if isinstance(e, ParallaxError) else DistributedError(f"the run could not start: {type(e).__name__}: {e}")
+        the_run.fail(error)
+        raise
+    controller = RunController(the_run, cluster, async_results, cluster.engine_ids, stop_grace_s=stop_grace_s,
                                failure_grace_s=failure_grace_s)
     controller.error_dir = error_dir
     the_run._controller = controller
     the_run.cluster = cluster
-    _last_run = the_run
     controller.thread.start()
-    if display:
-        _display(the_run)
     if wait:
         the_run.wait()
     return the_run
+
+
+def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, options: dict):
+    """Plan if needed, start the cluster and submit the training to every engine, naming each
+    phase on ``the_run``; returns (cluster, async results in rank order, error folder)."""
+    def forward(event: progress.Event) -> None:
+        if event.kind == progress.PHASE and event.task == "cluster":
+            the_run.set_phase(f"starting the cluster: {event.text}")
+
+    with progress.task("run", f"starting the run of {job.name}"):
+        if the_run.plan is None and train_fn is None:
+            the_run.set_phase("planning HYBRID from the variable kinds (one single-device step)")
+            the_run.plan = default_plan(job)
+            the_run.architecture = the_run.plan.architecture.value
+        plan = the_run.plan
+        plan_dict = plan if isinstance(plan, dict) or plan is None else plan.to_dict()
+        the_run.set_phase("starting the cluster")
+        progress.listen(forward)
+        try:
+            cluster = cluster if cluster is not None else default_cluster(the_run.engines, start=False)
+            cluster.start()
+        finally:
+            progress.unlisten(forward)
+        the_run.set_phase(f"shipping the job to {the_run.engines} engines")
+        error_dir = tempfile.mkdtemp(prefix="parallax_nb-run-errors-")     # 0700, removed when the run ends
+        options = dict(options, error_dir=error_dir)
+        job_bytes = job.to_bytes()
+        train_fn_bytes = _pickle_function(train_fn) if train_fn is not None else None
+        client = cluster.client
+        async_results = [client[eid].apply_async(train_on_engine, job_bytes, plan_dict, steps, options, train_fn_bytes)
+                         for eid in cluster.engine_ids]
+    return cluster, async_results, error_dir
 
 
 def variable_kinds(job) -> dict:

@@ -233,6 +233,11 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
         pass
 
     publisher = ProgressPublisher(rank) if options.get("publish", True) else (lambda record: None)
+    from .. import progress
+
+    def publish_phase(event):     # the runtime's start-up and wrap-up phases, shown by the notebook
+        if event.kind == progress.PHASE and event.task == "run" and hasattr(publisher, "status"):
+            publisher.status(event.text)
     kwargs = dict(on_step=publisher, should_stop=stop, checkpoint_dir=options.get("checkpoint_dir"),
                   resume=bool(options.get("resume", False)), step_timeout_s=options.get("step_timeout_s"))
     if options.get("checkpoint_every"):
@@ -243,9 +248,11 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
     previous_error_dir = os.environ.get("PARALLAX_NB_RANK_ERROR_DIR")
     if error_dir and os.path.isdir(error_dir):
         os.environ["PARALLAX_NB_RANK_ERROR_DIR"] = error_dir
+    progress.listen(publish_phase)
     try:
         result = train_fn(job, plan, steps, **kwargs)
     finally:
+        progress.unlisten(publish_phase)
         if previous_error_dir is None:
             os.environ.pop("PARALLAX_NB_RANK_ERROR_DIR", None)
         else:

@@ -73,6 +73,8 @@ class Run:
         self.architecture = architecture
         self.status = STARTING
         self.message = "starting"
+        self.phase = "starting"             # what the run is doing now, in words (see set_phase)
+        self.phase_started_at = time.time()
         self.error: DistributedError | None = None
         self.started_at = time.time()
         self.finished_at: float | None = None
@@ -90,7 +92,7 @@ class Run:
 
     # ----- observation -------------------------------------------------------------------------
     def observe(self, callback: Callable[["Run", str], None]) -> None:
-        """Call ``callback(run, what)`` after each change; ``what`` is "records" or "status"."""
+        """Call ``callback(run, what)`` after each change; ``what`` is "records", "status" or "phase"."""
         self._observers.append(callback)
 
     def unobserve(self, callback) -> None:
@@ -113,10 +115,36 @@ class Run:
             dicts = [record_to_dict(r) for r in records]
             self._last_step_by_rank[rank] = max([self._last_step_by_rank.get(rank, -1)] + [d["step"] for d in dicts])
             if rank == 0:
+                if self.phase != "training" and not self.phase.startswith("gathering") and not self.done:
+                    self.phase, self.phase_started_at = "training", time.time()
                 known = {d["step"] for d in self._records}
                 self._records.extend(d for d in dicts if d["step"] not in known)
                 self._records.sort(key=lambda d: d["step"])
         self._notify("records")
+
+    def set_phase(self, text: str) -> None:
+        """Name what the run is doing now ("starting the cluster: engines 1 of 2 ready",
+        "building the model", "training", "gathering the trained weights"): a view shows it
+        with the time since it began, so no wait looks like a hang."""
+        with self._lock:
+            if self.status in FINISHED or text == self.phase:
+                return
+            self.phase, self.phase_started_at = text, time.time()
+        self._notify("phase")
+
+    def plan_mismatch(self) -> str | None:
+        """A sentence when the plan was made for another cluster than the engines it runs on,
+        saying what the predictions then mean; None when they agree."""
+        cluster = getattr(self.plan, "cluster", None)
+        if cluster is None or self.engines < 1 or cluster.workers == self.engines:
+            return None
+        meaning = ("the predicted bytes are recomputed from the profile for those engines" if self.profile is not None
+                   else "there is no prediction for them (pass profile=prof to px.run to get one), so predictions "
+                        "show '-'")
+        return (f"This plan was made for {cluster.machines} machine(s) x {cluster.workers_per_machine} worker(s) "
+                f"({cluster.workers} workers) but runs on {self.engines} engines: its per-variable methods and "
+                f"partitions are used as they are, the engines count as {self.engines} machines of 1 worker, and "
+                f"{meaning}.")
 
     def set_status(self, status: str, message: str | None = None) -> None:
         with self._lock:
@@ -134,6 +162,7 @@ class Run:
                history: list | None = None, stopped: bool = False, message: str | None = None) -> None:
         """The engines returned: keep rank 0's summary, weights and full history."""
         with self._lock:
+            self.phase, self.phase_started_at = "finished", time.time()
             if history:
                 self._records = sorted((record_to_dict(r) for r in history), key=lambda d: d["step"])
                 self._last_step_by_rank[0] = self._records[-1]["step"]

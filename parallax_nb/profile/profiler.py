@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import progress
 from ..devices import DevicePlacement, place_process
 from ..errors import JobError, ParallaxError, ProfileError
 from ..job import Job
@@ -137,6 +138,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     names = [v.path for v in variables]
     rows_by_name = {n: (int(v.shape[0]) if len(v.shape) else 1) for n, v in zip(names, variables)}
     rec = _Recording()
+    progress.phase("profile", "tracing the training step", done=0, total=warmup + steps)
     train_step = _make_train_step(job, model, optimizer, variables, names, rec.kinds)
     try:  # trace before timing anything: structure errors surface here, with their cause
         train_step = train_step.get_concrete_function(*first)
@@ -145,6 +147,8 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
         raise checks.step_error(e, model, first[0], 0) from None
     for step in range(warmup + steps):
+        progress.phase("profile", f"warm-up step {step + 1} of {warmup}" if step < warmup else
+                       f"step {step - warmup + 1} of {steps}", done=step, total=warmup + steps)
         x, y = first if step == 0 else _next_batch(iterator, step, job)
         checks.check_no_negative_ids(x, step)
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -193,14 +197,22 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
     steps = _check_count("steps", steps, 1)
     warmup = _check_count("warmup", warmup, 0)
     max_workers = _check_count("max_workers", max_workers, 1)
+    with progress.task("profile", f"profiling {job.name}"):
+        return _profile(job, steps, warmup, max_workers)
+
+
+def _profile(job: Job, steps: int, warmup: int, max_workers: int) -> Profile:
+    progress.phase("profile", "loading TensorFlow")
     import tensorflow as tf
 
     # the GPU local rank 0 trains on (or the one this rank already uses), before any TensorFlow op
     placement = place_process(0, 1, socket.gethostname())
     with PeakMemoryMeter() as meter:
+        progress.phase("profile", "building the model, reading the first batch")
         model, optimizer, iterator, first = _prepare(job)
         rec = _run_steps(job, model, optimizer, iterator, first, steps, warmup)
 
+    progress.phase("profile", "per-variable statistics", done=warmup + steps, total=warmup + steps)
     stats_start = time.perf_counter()
     profiles = []
     for var in model.trainable_variables:

@@ -20,6 +20,7 @@ import math
 import os
 from datetime import datetime, timezone
 
+from .. import labels
 from ..errors import ConfigError, PlanError
 from ..plan import Plan
 from ..types import Architecture, ClusterSpec, Method, Profile
@@ -32,8 +33,7 @@ CURVE_MACHINES = range(1, 65)
 SPARSE_AS_DENSE = "sparse_as_dense"  # plain Horovod with sparse_as_dense=True (cost.SPARSE_AS_DENSE)
 PLAIN_HOROVOD = "horovod"  # plain Horovod's defaults (cost.PLAIN_HOROVOD)
 _ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4, PLAIN_HOROVOD: 5}
-ARCHITECTURE_LABELS = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO",
-                       SPARSE_AS_DENSE: "sparse-as-dense AR", PLAIN_HOROVOD: "plain Horovod (defaults)"}
+ARCHITECTURE_LABELS = {key: labels.text(key) for key in _ARCH_RANK}
 
 # What the report itself assumes, on top of the cost model's own (cost.ASSUMPTIONS).
 REPORT_ASSUMPTIONS = (
@@ -41,9 +41,11 @@ REPORT_ASSUMPTIONS = (
     "cluster (its bandwidth, latency and the plan's local-aggregation switch); the plan "
     "contributes only its methods and partitions.",
     "Measured against predicted: a run's per-rank bytes (sent + received, mean per step over "
-    "ranks and measured steps) are compared with the model's per-machine figure for a cluster of "
-    "<ranks> machines x 1 worker, with the plan's bandwidth and latency and the run's per-variable "
-    "methods; the predicted step time uses the profiled compute time at the profiled batch size.",
+    "ranks and measured steps), times its ranks per machine, are compared with the model's "
+    "per-machine figure for the topology the run used (its machines x workers per machine and "
+    "whether it aggregated locally), with the plan's bandwidth and latency and the run's "
+    "per-variable methods; the predicted step time uses the profiled compute time at the profiled "
+    "batch size.",
     "Training semantics: a row gathered several times in one step gets the sum of its gradients before "
     "the optimizer (dense-equivalent updates; Keras alone gives Adam one entry per occurrence).",
 )

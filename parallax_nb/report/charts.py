@@ -19,14 +19,13 @@ matplotlib.use("Agg")  # before pyplot: no display, no GUI toolkit, same output 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
+from .. import labels  # noqa: E402
 from ..types import format_bytes  # noqa: E402
 
 MAX_BARS = 40  # the bar chart shows the largest variables; the table always lists all
-METHOD_COLOURS = {"ps": "#2b6cb0", "ar": "#dd6b20", "sparse_as_dense": "#a0aec0"}
-ARCH_COLOURS = {"ar": "#dd6b20", "ps": "#2b6cb0", "hybrid": "#38a169", "auto": "#805ad5",
-                "sparse_as_dense": "#718096", "horovod": "#1a202c"}
-ARCH_LABELS = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO",
-               "sparse_as_dense": "sparse-as-dense AR", "horovod": "plain Horovod"}
+METHOD_COLOURS = {key: labels.colour(key) for key in ("ps", "ar", "sparse_as_dense")}
+ARCH_COLOURS = {key: labels.colour(key) for key in ("ar", "ps", "hybrid", "auto", "sparse_as_dense", "horovod")}
+ARCH_LABELS = {key: labels.text(key) for key in ARCH_COLOURS}
 ARCH_LINESTYLES = {"sparse_as_dense": "--", "horovod": ":"}
 
 _STYLE = {
@@ -70,8 +69,7 @@ def bytes_per_variable_svg(variables: list[dict]) -> str:
     """
     shown = sorted(variables, key=lambda v: -v["size_bytes"])[:MAX_BARS]
     shown.reverse()  # largest at the top of a horizontal bar chart
-    series = [("ps", "PS", "ps_bytes_per_step"), ("ar", "AR", "ar_bytes_per_step"),
-              ("sparse_as_dense", "sparse-as-dense AR", "sparse_as_dense_bytes_per_step")]
+    series = [(key, labels.text(key), f"{key}_bytes_per_step") for key in ("ps", "ar", "sparse_as_dense")]
     values = [v[key] for v in shown for _, _, key in series]
     positive = [x for x in values if x > 0]
     with plt.rc_context(_STYLE):
@@ -92,7 +90,7 @@ def bytes_per_variable_svg(variables: list[dict]) -> str:
         ax.xaxis.set_major_formatter(FuncFormatter(_bytes_axis))
         ax.set_xlabel("bytes sent + received per machine per step (black edge: the plan's method)")
         ax.grid(axis="y", visible=False)
-        ax.legend(loc="lower right", frameon=False)
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3, frameon=False)   # above the bars, off the data
         return _svg(fig)
 
 

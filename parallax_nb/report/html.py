@@ -11,45 +11,66 @@ from __future__ import annotations
 
 import html as _html
 
+from .. import labels
 from ..types import format_bandwidth, format_bytes
 from . import charts
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
-# Scoped under .pxr so the fragment can sit inside a notebook without restyling it.
+# Scoped under .pxr so the fragment can sit inside a notebook without restyling it. Colours are
+# variables: inside JupyterLab they take the theme's (--jp-*), elsewhere a light palette, or a
+# dark one when the browser prefers dark. ".pxr.pxr" outranks JupyterLab's own table rules.
 CSS = """
-.pxr { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
-  color: #1a202c; line-height: 1.45; max-width: 1240px; margin: 0 auto; padding: 8px 20px 40px; }
-.pxr h1 { font-size: 1.6em; margin: 0.6em 0 0.1em; }
-.pxr h2 { font-size: 1.2em; margin: 1.6em 0 0.5em; padding-bottom: 4px; border-bottom: 2px solid #e2e8f0; }
-.pxr .subtitle { color: #4a5568; margin: 0 0 1em; }
+.pxr { --pxr-fg: var(--jp-content-font-color1, #1a202c); --pxr-fg2: var(--jp-content-font-color2, #4a5568);
+  --pxr-bg: var(--jp-layout-color0, #ffffff); --pxr-bg2: var(--jp-layout-color2, #edf2f7);
+  --pxr-stripe: var(--jp-layout-color1, #f7f9fb); --pxr-border: var(--jp-border-color2, #e2e8f0);
+  --pxr-border-strong: var(--jp-border-color1, #cbd5e0); --pxr-note: var(--jp-layout-color2, #fffbeb);
+  color-scheme: light dark; }
+@media (prefers-color-scheme: dark) {
+  .pxr { --pxr-fg: var(--jp-content-font-color1, #e6e9ee); --pxr-fg2: var(--jp-content-font-color2, #b4bcc8);
+    --pxr-bg: var(--jp-layout-color0, #111418); --pxr-bg2: var(--jp-layout-color2, #252b33);
+    --pxr-stripe: var(--jp-layout-color1, #1a1f25); --pxr-border: var(--jp-border-color2, #333b45);
+    --pxr-border-strong: var(--jp-border-color1, #566170); --pxr-note: var(--jp-layout-color2, #2a2616); }
+}
+.pxr.pxr { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+  color: var(--pxr-fg); background: var(--pxr-bg); line-height: 1.45; max-width: 1240px; margin: 0 auto;
+  padding: 8px 20px 40px; }
+.pxr.pxr h1, .pxr.pxr h2, .pxr.pxr h3 { color: var(--pxr-fg); }
+.pxr.pxr h1 { font-size: 1.6em; margin: 0.6em 0 0.1em; }
+.pxr.pxr h2 { font-size: 1.2em; margin: 1.6em 0 0.5em; padding-bottom: 4px; border-bottom: 2px solid var(--pxr-border); }
+.pxr .subtitle { color: var(--pxr-fg2); margin: 0 0 1em; }
 .pxr .cards { display: flex; flex-wrap: wrap; gap: 10px; }
-.pxr .card { background: #f7fafc; border: 1px solid #e2e8f0; border-radius: 8px; padding: 8px 14px; min-width: 140px; }
-.pxr .card .label { font-size: 0.78em; color: #718096; text-transform: uppercase; letter-spacing: 0.04em; }
+.pxr .card { background: var(--pxr-stripe); border: 1px solid var(--pxr-border); border-radius: 8px; padding: 8px 14px; min-width: 140px; }
+.pxr .card .label { font-size: 0.78em; color: var(--pxr-fg2); text-transform: uppercase; letter-spacing: 0.04em; }
 .pxr .card .value { font-size: 1.15em; font-weight: 600; }
-.pxr table { border-collapse: collapse; width: 100%; font-size: 0.9em; margin: 6px 0; }
-.pxr th { background: #edf2f7; text-align: left; font-weight: 600; padding: 6px 8px; border-bottom: 2px solid #cbd5e0; }
-.pxr td { padding: 5px 8px; border-bottom: 1px solid #e2e8f0; vertical-align: top; }
-.pxr tbody tr:nth-child(even) { background: #f9fafb; }
+.pxr.pxr table { border-collapse: collapse; width: 100%; font-size: 0.9em; margin: 6px 0; color: var(--pxr-fg);
+  table-layout: auto; }
+.pxr.pxr th { background: var(--pxr-bg2); color: var(--pxr-fg); text-align: left; font-weight: 600; padding: 6px 8px;
+  border: none; border-bottom: 2px solid var(--pxr-border-strong); }
+.pxr.pxr td { color: var(--pxr-fg); text-align: left; padding: 5px 8px; border: none; border-bottom: 1px solid var(--pxr-border); vertical-align: top; }
+.pxr.pxr tbody tr { background: var(--pxr-bg); }
+.pxr.pxr tbody tr:nth-child(even) { background: var(--pxr-stripe); }
+.pxr.pxr tbody tr:hover { background: var(--pxr-bg2); }
 .pxr td.nowrap { white-space: nowrap; }
-.pxr td.num, .pxr th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pxr.pxr td.num, .pxr.pxr th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .pxr td.num { white-space: nowrap; }
-.pxr .scroll { overflow-x: auto; }
-.pxr td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; overflow-wrap: break-word; }
-.pxr table.facts td:first-child { width: 34%; color: #4a5568; }
-.pxr h3 { font-size: 1.02em; margin: 1.2em 0 0.4em; }
-.pxr tr.chosen td { font-weight: 600; background: #ebf8ff; }
-.pxr tfoot td { font-weight: 600; border-top: 2px solid #cbd5e0; }
-.pxr .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 0.8em; font-weight: 600; color: #fff; }
-.pxr .badge.ps { background: #2b6cb0; } .pxr .badge.ar { background: #dd6b20; }
-.pxr .badge.sparse { background: #38a169; } .pxr .badge.dense { background: #718096; }
-.pxr .err-small { color: #276749; } .pxr .err-mid { color: #975a16; } .pxr .err-big { color: #c53030; }
+.pxr .scroll { overflow-x: auto; max-width: 100%; }
+.pxr td.name { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; white-space: nowrap; }
+.pxr table.facts td:first-child { width: 34%; color: var(--pxr-fg2); }
+.pxr.pxr h3 { font-size: 1.02em; margin: 1.2em 0 0.4em; }
+.pxr.pxr tr.chosen td { font-weight: 600; box-shadow: inset 4px 0 0 """ + labels.colour("hybrid") + """; }
+.pxr.pxr tr.chosen td + td { box-shadow: none; }
+.pxr tfoot td { font-weight: 600; border-top: 2px solid var(--pxr-border-strong); }
+.pxr .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 0.8em; font-weight: 600; color: #fff; white-space: nowrap; }
+""" + "".join(f".pxr .badge.{key} {{ background: {labels.colour(key)}; }}\n" for key in ("ps", "ar", "sparse", "dense")) + """
+.pxr .err-small, .pxr .err-mid, .pxr .err-big { font-weight: 600; }
+.pxr .err-mid::after { content: " \\25B2"; color: #b35900; } .pxr .err-big::after { content: " \\25B2\\25B2"; color: #c53030; }
 .pxr ul.assumptions li { margin: 3px 0; }
-.pxr figure { margin: 10px 0; } .pxr figure img { max-width: 100%; height: auto; }
-.pxr figcaption { color: #4a5568; font-size: 0.88em; }
-.pxr .notes { background: #fffbeb; border-left: 4px solid #d69e2e; padding: 8px 12px; margin: 0 0 12px; white-space: pre-wrap; }
-.pxr .warn { background: #fff5f5; border-left: 4px solid #c53030; padding: 6px 12px; margin: 6px 0; }
-.pxr .muted { color: #718096; font-size: 0.85em; }
+.pxr figure { margin: 10px 0; } .pxr figure img { max-width: 100%; height: auto; background: #ffffff; border-radius: 6px; padding: 6px; }
+.pxr figcaption { color: var(--pxr-fg2); font-size: 0.88em; }
+.pxr .notes { background: var(--pxr-note); border-left: 4px solid #d69e2e; padding: 8px 12px; margin: 0 0 12px; white-space: pre-wrap; }
+.pxr .warn { background: var(--pxr-stripe); border-left: 4px solid #c53030; padding: 6px 12px; margin: 6px 0; }
+.pxr .muted { color: var(--pxr-fg2); font-size: 0.85em; }
 """
 
 
@@ -83,7 +104,7 @@ def _td(text, cls: str = "", title: str | None = None) -> str:
 
 
 def _badge(value: str) -> str:
-    return f'<span class="badge {esc(value)}">{esc(value.upper())}</span>'
+    return f'<span class="badge {esc(value)}">{esc(labels.text(value))}</span>'
 
 
 def _card(label: str, value: str) -> str:
@@ -98,7 +119,7 @@ def _overview(data: dict) -> str:
         _card("parameters", format_bytes(prof["total_bytes"])),
         _card("cluster", f"{cluster['machines']} x {cluster['workers_per_machine']} workers"),
         _card("bandwidth", format_bandwidth(cluster["bandwidth_bps"])),
-        _card("plan", str(plan["architecture"]).upper()),
+        _card("plan", labels.text(plan["architecture"])),
         _card("est. bytes / machine / step", format_bytes(plan["bytes_per_machine_per_step"])),
         _card("est. step time", fmt_ms(plan["step_time_s"])),
     ]
@@ -119,11 +140,25 @@ def _cluster_and_assumptions(data: dict) -> str:
         ("profiled compute time per step", fmt_ms(prof["step_time_s"])),
         ("peak memory while profiling", format_bytes(prof["peak_memory_bytes"])),
     ]
-    rows += [(f"environment: {k}", v) for k, v in sorted(prof.get("environment", {}).items())]
+    rows += [(f"environment: {k}", _environment_value(k, v)) for k, v in sorted(prof.get("environment", {}).items())]
     table = "".join(f"<tr>{_td(k)}{_td(v)}</tr>" for k, v in rows)
     items = "".join(f"<li>{esc(a)}</li>" for a in data["assumptions"])
     return (f'<h2>Cluster and profile</h2><table class="facts"><tbody>{table}</tbody></table>'
             f'<h2>Assumptions of the cost model</h2><ul class="assumptions">{items}</ul>')
+
+
+def _environment_value(key: str, value) -> str:
+    """Environment facts for people (the JSON keeps them as text): seconds with 3 digits and a
+    unit, an empty list as "none"."""
+    text = str(value).strip()
+    if text in ("", "[]", "None", "()"):
+        return "none"
+    if key.endswith("_s"):
+        try:
+            return f"{float(text):.3g} s"
+        except ValueError:
+            return text
+    return text.strip("[]").replace("'", "") if text.startswith("[") else text
 
 
 def _variables_table(data: dict) -> str:
@@ -181,7 +216,7 @@ def _architectures_table(data: dict) -> str:
     plan_is_whole_model = (bool(same) and not plan.get("overrides")
                            and all(_close(same[0][k], plan[k]) for k in ("bytes_per_machine_per_step", "step_time_s")))
     if not plan_is_whole_model:
-        rows.append(row(f"this plan ({str(plan['architecture']).upper()}, edited)", plan, True))
+        rows.append(row(f"this plan ({labels.text(plan['architecture'])}, edited)", plan, True))
     for a in data["architectures"]:
         rows.append(row(a["label"], a, plan_is_whole_model and a["name"] == plan["architecture"]))
     return (f'<h2>Totals per architecture</h2><div class="scroll"><table class="architectures"><thead>{head}</thead>'
@@ -230,7 +265,7 @@ def _measured(data: dict) -> str:
     if not m:
         return ""
     run = m["run"]
-    facts = [("architecture", str(run["architecture"]).upper()), ("ranks", run["ranks"]),
+    facts = [("architecture", labels.text(run["architecture"])), ("ranks", run["ranks"]),
              ("machines x workers", f"{run['machines']} x {run['workers_per_machine']}"),
              ("steps", run["steps"]), ("batch size per rank", run["batch_size_per_rank"]),
              ("median examples/s", _fmt_count(run["examples_per_s_median"])), ("final loss", "n/a" if run["final_loss"] is None else f"{run['final_loss']:.5g}"),
@@ -244,7 +279,7 @@ def _measured(data: dict) -> str:
 
     totals = "".join(row(t["quantity"], t["predicted"], t["measured"], t["error_pct"],
                          fmt_bytes if t["unit"] == "bytes" else fmt_ms) for t in m["totals"])
-    per_var = "".join(row(v["name"] + f" ({v['method'].upper()})", v["predicted_bytes_per_step"],
+    per_var = "".join(row(v["name"] + f" ({labels.text(v['method'])})", v["predicted_bytes_per_step"],
                           v["measured_bytes_per_step"], v["error_pct"], fmt_bytes, "name") for v in m["variables"])
     warnings = "".join(f'<div class="warn">{esc(w)}</div>' for w in m.get("warnings", []))
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
@@ -274,6 +309,7 @@ def render_document(data: dict, fragment: str | None = None) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<meta name="color-scheme" content="light dark">'
             f"<title>{esc(data['title'])}</title>"
             '<link rel="icon" href="data:,">'
             f"</head><body>{fragment if fragment is not None else render_fragment(data)}</body></html>\n")

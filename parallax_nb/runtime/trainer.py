@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import ops
+from .. import ops, progress
 from ..errors import JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
@@ -66,6 +66,7 @@ class Trainer:
 
     def __init__(self, job: Job, plan, partitions: int | None = None, workers_per_machine: int | None = None,
                  watchdog: Watchdog | None = None):
+        progress.phase("run", "building the model, sharding the PS variables")
         configure_threads()
         self.hvd = hvd = horovod()
         self.info = rank_info()
@@ -403,6 +404,7 @@ class Trainer:
                 self._watch("data", step)
                 x, y = next(data)
                 if not history:
+                    progress.phase("run", f"tracing the training step (step {self.step + 1})")
                     self._trace(x, y, step)
                 self._watch("step", step)
                 record = self.run_step(x, y)
@@ -416,6 +418,7 @@ class Trainer:
             self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
                 saved.append(ckpt.save(self, checkpoint_dir))
+            progress.phase("run", "gathering the trained weights")
             weights = self.weights()
             guards.check_finite_arrays(weights, self.step, "the trained model")
             self._watch("done", self.step, None)

@@ -86,6 +86,16 @@ def _as_bandwidth_text(value: Any) -> Any:
     return value.strip() if isinstance(value, str) else value
 
 
+def _as_latency_s(value: Any) -> float:
+    """Seconds per message from ``latency_s``; the error speaks microseconds, as the view does."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0:
+        shown = f"{value * 1e6:.6g} µs" if number else repr(value)
+        raise ConfigError(f"latency must be a number of microseconds >= 0, got {shown}",
+                          hint="about 25 µs for a data-centre network, 0 to ignore per-message latency")
+    return float(value)
+
+
 def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
     """Compute everything from ``inputs``; raises a ParallaxError naming the first bad input."""
     from ..cost import compare_architectures, estimate
@@ -95,7 +105,7 @@ def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
         machines=_as_int("machines", inputs.machines),
         workers_per_machine=_as_int("workers per machine", inputs.workers_per_machine),
         bandwidth=_as_bandwidth_text(inputs.bandwidth),
-        latency_s=inputs.latency_s,
+        latency_s=_as_latency_s(inputs.latency_s),
         local_aggregation=_as_bool("local_aggregation", inputs.local_aggregation),
     )
     architecture = Architecture.parse(inputs.architecture)

@@ -12,24 +12,33 @@ import contextlib
 
 import ipywidgets as widgets
 
+from .. import labels, svg
 from ..types import SPARSE_AS_DENSE, Architecture, format_bandwidth, format_bytes
 from . import style
 from .planner import Planner, describe_inputs
+from .snapshot import SnapshotDisplay
 
-ARCHITECTURE_OPTIONS = [("AR", "ar"), ("PS", "ps"), ("HYBRID", "hybrid"), ("AUTO", "auto")]
-METHOD_OPTIONS = [("as planned", ""), ("AR", "ar"), ("PS", "ps")]
+ARCHITECTURES = (Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO)
+ARCHITECTURE_OPTIONS = [(labels.text(a), a.value) for a in ARCHITECTURES]
+METHOD_OPTIONS = [("as planned", ""), (labels.text("ar"), "ar"), (labels.text("ps"), "ps")]
+METHOD_TOOLTIPS = ["the plan's own choice for this variable", labels.label("ar").description,
+                   labels.label("ps").description]
 CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing; the table lists every variable
 
-BASELINES = ((Architecture.AR, "AR"), (Architecture.PS, "PS"), (Architecture.HYBRID, "HYBRID"),
-             (Architecture.AUTO, "AUTO"), (SPARSE_AS_DENSE, "AR as\ndense"))
+BASELINES = (*ARCHITECTURES, SPARSE_AS_DENSE)
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
-def _speedup_color(x: float) -> str:
-    return "#1a7f37" if x > 1.005 else ("#a4262c" if x < 0.995 else "#1f2328")
+def _speedup_mark(x: float) -> str:
+    """A badge saying faster or slower (colour on its own background reads in both themes)."""
+    if x > 1.005:
+        return style.badge("faster", style.GOOD)
+    if x < 0.995:
+        return style.badge("slower", style.FAIL)
+    return ""
 
 
 def render_summary(planner: Planner) -> str:
@@ -39,16 +48,16 @@ def render_summary(planner: Planner) -> str:
         style.card("step time", _ms(planner.step_time_s),
                    f"compute {_ms(max(planner.step_time_s - planner.comm_time_s, 0.0))} + communication"),
         style.card("traffic", format_bytes(est.bytes_per_machine_per_step), "per machine per step"),
-        style.card("speedup vs AR", f"{planner.speedup_vs_ar:.2f}x", "all variables allreduced",
-                   color=_speedup_color(planner.speedup_vs_ar), css_class="parallax-speedup-ar"),
-        style.card("speedup vs PS", f"{planner.speedup_vs_ps:.2f}x", "all variables on servers",
-                   color=_speedup_color(planner.speedup_vs_ps), css_class="parallax-speedup-ps"),
+        style.card("speedup vs AR", f"{planner.speedup_vs_ar:.2f}x", "every variable allreduced",
+                   css_class="parallax-speedup-ar", mark=_speedup_mark(planner.speedup_vs_ar)),
+        style.card("speedup vs PS", f"{planner.speedup_vs_ps:.2f}x", "every variable on servers",
+                   css_class="parallax-speedup-ps", mark=_speedup_mark(planner.speedup_vs_ps)),
     ])
 
 
 def render_table(planner: Planner) -> str:
-    """PS vs AR bytes per machine per step for every variable; the chosen method's cell is
-    tinted in its colour and bold, the other is muted."""
+    """PS vs AR bytes per machine per step for every variable; the chosen method's cell is bold
+    and underlined in its colour, the other in the secondary text colour."""
     rows = []
     for name, r in planner.table.iterrows():
         chosen = r["method"]
@@ -56,27 +65,25 @@ def render_table(planner: Planner) -> str:
         def cell(method: str, value: float) -> str:
             text = style.esc(format_bytes(value))
             if method == chosen:
-                color = style.METHOD_COLORS[method]
-                return (f'<span style="font-weight:700; color:{color}; background:{color}1f; padding:1px 6px; '
-                        f'border-radius:4px">{text}</span>')
-            return f'<span style="color:#8a8f98">{text}</span>'
+                return (f'<span style="font-weight:700; border-bottom: 3px solid {labels.colour(method)}; '
+                        f'padding: 0 2px">{text}</span>')
+            return f'<span style="color:{style.FG2}">{text}</span>'
 
         override = " *" if name in planner.methods else ""
         rows.append([
-            f"<code>{style.esc(name)}</code>",
-            style.badge(r["kind"], style.KIND_COLORS.get(r["kind"], style.DENSE_COLOR)),
+            style.name_cell(name),
+            style.label_badge(r["kind"]),
             style.esc(format_bytes(r["size_bytes"])),
             style.esc(f"{r['alpha']:.4g}"),
             cell("ps", r["ps_bytes_per_step"]),
             cell("ar", r["ar_bytes_per_step"]),
-            style.badge(chosen.upper() + override, style.METHOD_COLORS[chosen]),
-            style.esc(r["partitions"]),
+            style.label_badge(chosen, override),
+            style.esc(r["partitions"]) if chosen == "ps" else f'<span style="color:{style.FG2}">-</span>',
         ])
     header = ["variable", "kind", "size", "&alpha;", "PS bytes / step", "AR bytes / step", "method", "partitions"]
-    note = ('<div style="font-size:11px; color:#6a737d; margin-top:4px; ' + style.FONT + '">'
-            "Bytes sent + received per machine per step under each method; the plan's choice is highlighted"
-            " (* = set by hand).</div>")
-    return style.html_table(header, rows, left_columns=2) + note
+    return style.html_table(header, rows, left_columns=2) + style.note(
+        "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
+        " (* = set by hand). Partitions: the slices a PS variable's rows are split into, one per worker by default.")
 
 
 def largest(table, limit: int):
@@ -87,68 +94,43 @@ def largest(table, limit: int):
     return table[table.index.isin(set(peak.nlargest(limit).index))]
 
 
-def render_chart(planner: Planner) -> bytes:
-    """Left: PS and AR bytes per variable (chosen method solid, the other faint), log scale.
-    Right: estimated step time of each whole-model architecture and of this plan,
-    compute + communication."""
+def render_chart(planner: Planner) -> str:
+    """Two SVG charts: PS and AR bytes per variable (chosen method solid, the other faint, log
+    axis), and the estimated step time of each whole-model architecture and of this plan."""
     table = largest(planner.table, CHART_VARIABLES)
-    n = len(table)
-    margin = style.label_margin_in(table.index)
-    width, height = 7.8 + margin, min(max(2.8, 1.1 + 0.27 * n), 8.0)
-    fig = style.new_figure(width, height)
-    grid = fig.add_gridspec(1, 2, width_ratios=[1.6, 1.0], wspace=0.3, left=margin / width, right=0.98,
-                            top=1 - 0.35 / height, bottom=0.6 / height)
-    ax = fig.add_subplot(grid[0, 0])
-    ys = list(range(n))
-    for offset, method in ((-0.19, "ps"), (0.19, "ar")):
-        values = [max(v, 1.0) for v in table[f"{method}_bytes_per_step"]]
-        alphas = [1.0 if m == method else 0.25 for m in table["method"]]
-        for y, value, a in zip(ys, values, alphas):
-            ax.barh(y + offset, value, height=0.36, color=style.METHOD_COLORS[method], alpha=a)
-    ax.set_yticks(ys, list(table.index), fontsize=8.5)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    style.log_bytes_axis(ax.xaxis)
-    style.style_axes(ax)
-    ax.set_title("bytes per machine per step (orange PS, blue AR; solid = chosen)", fontsize=9,
-                 color="#3c4048", loc="left")
-    if n < len(planner.table):
-        ax.set_xlabel(f"the {n} largest of {len(planner.table)} variables (the table lists all)", fontsize=8.5,
-                      color="#6a737d")
-
-    ax2 = fig.add_subplot(grid[0, 1])
-    labels, compute, comm = [], [], []
-    for arch, label in BASELINES:
+    note = (f"the {len(table)} largest of {len(planner.table)} variables (the table lists all)"
+            if len(table) < len(planner.table) else "")
+    series = [{"name": f"{labels.text(m)} (faint: not chosen)" if m == "ps" else labels.text(m),
+               "colour": labels.colour(m), "values": list(table[f"{m}_bytes_per_step"]),
+               "opacity": [1.0 if c == m else 0.3 for c in table["method"]]} for m in ("ps", "ar")]
+    bars = svg.hbars(list(table.index), series, "bytes per machine per step", css_class="parallax-planner-bytes",
+                     note=note)
+    names, compute, comm = [], [], []
+    for arch in BASELINES:
         est = planner.estimates[arch]
-        labels.append(label)
+        names.append(labels.text(arch).replace(" ", "\n", 1))
         comm.append(est.comm_time_s * 1e3)
         compute.append(max(est.step_time_s - est.comm_time_s, 0.0) * 1e3)
-    labels.append("this\nplan")
+    names.append("this\nplan")
     comm.append(planner.comm_time_s * 1e3)
     compute.append(max(planner.step_time_s - planner.comm_time_s, 0.0) * 1e3)
-    xs = list(range(len(labels)))
-    ax2.bar(xs, compute, color="#c9ced6", label="compute")
-    ax2.bar(xs, comm, bottom=compute, color=["#6f7784"] * (len(xs) - 1) + ["#1a7f37"], label="communication")
-    ax2.set_xticks(xs, labels, fontsize=8)
-    ax2.set_ylabel("ms / step", fontsize=8.5, color="#3c4048")
-    style.style_axes(ax2)
-    ax2.grid(axis="y", color="#eceef2", linewidth=0.8)
-    ax2.grid(axis="x", visible=False)
-    ax2.set_ylim(0, 1.3 * max(c + m for c, m in zip(compute, comm)) or 1.0)   # room for the legend
-    ax2.legend(fontsize=8, frameon=False, loc="upper right", ncol=2)
-    ax2.set_title("estimated step time", fontsize=9, color="#3c4048", loc="left")
-    return style.figure_png(fig)
+    steps = svg.columns(names, [{"name": "compute", "colour": "#8a94a3", "values": compute},
+                                {"name": "communication", "colour": labels.colour("hybrid"), "values": comm}],
+                        "estimated step time", unit="ms / step", css_class="parallax-planner-steps",
+                        highlight=len(names) - 1)
+    return (f'<div style="display: flex; flex-wrap: wrap; gap: 12px 28px; align-items: flex-start; color: {style.FG}">'
+            f'<div style="flex: 1 1 420px; min-width: 0">{bars}</div><div style="flex: 0 1 420px">{steps}</div></div>')
 
 
 def chart_key(planner: Planner) -> tuple:
     """Everything :func:`render_chart` draws; equal keys mean an identical chart."""
     baselines = tuple((str(arch), planner.estimates[arch].comm_time_s, planner.estimates[arch].step_time_s)
-                      for arch, _label in BASELINES)
+                      for arch in BASELINES)
     return (tuple(planner.table.itertuples()), baselines, planner.comm_time_s, planner.step_time_s)
 
 
 def _label(text: str) -> widgets.HTML:
-    return widgets.HTML(f'<span style="{style.FONT} font-size: 12.5px; color: #3c4048">{text}</span>',
+    return widgets.HTML(f'<span style="{style.FONT} font-size: 12.5px">{text}</span>',
                         layout=widgets.Layout(width="150px"))
 
 
@@ -156,7 +138,7 @@ def _row(label: str, control: widgets.Widget) -> widgets.HBox:
     return widgets.HBox([_label(label), control], layout=widgets.Layout(align_items="center"))
 
 
-class PlannerView(widgets.VBox):
+class PlannerView(SnapshotDisplay, widgets.VBox):
     """Controls over a :class:`Planner` and its recomputed costs. ``PlannerView(planner)``;
     displaying a Planner shows one. Controls: machines, workers per machine, bandwidth (text
     with units), latency, architecture, local aggregation, and a per-variable method and
@@ -175,18 +157,18 @@ class PlannerView(widgets.VBox):
                                       layout=widgets.Layout(width="180px"))
         self.latency_us = widgets.FloatText(step=5.0, layout=widgets.Layout(width="120px"))
         self.architecture = widgets.ToggleButtons(options=ARCHITECTURE_OPTIONS,
-                                                  tooltips=["every variable AllReduce", "every variable on PS",
-                                                            "AR dense, PS sparse (Parallax)",
-                                                            "per variable, the cheaper of PS and AR"],
-                                                  style={"button_width": "72px"})
+                                                  tooltips=[labels.label(a).description for a in ARCHITECTURES],
+                                                  style={"button_width": "76px"})
         self.local_aggregation = widgets.Checkbox(description="combine a machine's gradients first", indent=False)
         self.variable = widgets.Dropdown(options=names, layout=widgets.Layout(width="260px"))
-        self.method = widgets.ToggleButtons(options=METHOD_OPTIONS, style={"button_width": "84px"})
-        self.partitions = widgets.IntSlider(min=1, max=64, **slider)
+        self.method = widgets.ToggleButtons(options=METHOD_OPTIONS, tooltips=METHOD_TOOLTIPS,
+                                            style={"button_width": "96px"})
+        self.partitions = widgets.IntText(layout=widgets.Layout(width="100px"), continuous_update=False)
+        self.partitions_note = widgets.HTML()
         self.summary = widgets.HTML()
         self.error = widgets.HTML()
         self.table = widgets.HTML(layout=widgets.Layout(overflow="auto", max_height="480px"))
-        self.chart = widgets.Image(format="png", layout=widgets.Layout(max_width="980px"))
+        self.chart = widgets.HTML(layout=widgets.Layout(max_width="100%"))
 
         title = widgets.HTML(style.heading(
             f"Parallax planner: {planner.profile.model_name}",
@@ -202,10 +184,10 @@ class PlannerView(widgets.VBox):
             _row("architecture", self.architecture),
             _row("variable", self.variable),
             _row("its method", self.method),
-            _row("its partitions", self.partitions),
+            _row("its partitions", widgets.HBox([self.partitions, self.partitions_note])),
         ])
         controls = widgets.HBox([cluster_box, plan_box], layout=widgets.Layout(
-            padding="10px 12px", margin="0 0 8px 0", border="1px solid #e1e4e8", flex_flow="row wrap"))
+            padding="10px 12px", margin="0 0 8px 0", border=f"1px solid {style.BORDER}", flex_flow="row wrap"))
         for output in (self.error, self.summary, self.table):
             output.layout.margin = "0 0 8px 0"
         super().__init__([title, controls, self.error, self.summary, self.table, self.chart], **kwargs)
@@ -237,7 +219,7 @@ class PlannerView(widgets.VBox):
 
     def _latency_changed(self, change):
         if not self._syncing:
-            self.planner.set(latency_s=change["new"] * 1e-6)
+            self.planner.set(latency_s=change["new"] / 1e6)   # 25 / 1e6 == 25e-6 exactly; 25 * 1e-6 is not
 
     def _method_changed(self, change):
         if not self._syncing and self.variable.value is not None:
@@ -257,7 +239,7 @@ class PlannerView(widgets.VBox):
             _set_if_in_range(self.workers_per_machine, inputs.workers_per_machine)
             self.bandwidth.value = _bandwidth_text(inputs.bandwidth)
             if isinstance(inputs.latency_s, (int, float)) and not isinstance(inputs.latency_s, bool):
-                self.latency_us.value = float(inputs.latency_s) * 1e6
+                self.latency_us.value = round(float(inputs.latency_s) * 1e6, 6)   # 25e-6 -> 25, not 24.999999999
             arch = getattr(inputs.architecture, "value", str(inputs.architecture).lower())
             if arch in dict((v, k) for k, v in ARCHITECTURE_OPTIONS):
                 self.architecture.value = arch
@@ -278,6 +260,7 @@ class PlannerView(widgets.VBox):
         if key != self._chart_key:     # an invalid input keeps the last plan: no redraw
             self.chart.value = render_chart(p)
             self._chart_key = key
+        self.publish_snapshot_on_next_cell()
 
     def _sync_override_controls(self) -> None:
         name = self.variable.value
@@ -286,11 +269,41 @@ class PlannerView(widgets.VBox):
         with self._sync():
             self.method.value = getattr(self.planner.methods.get(name), "value", self.planner.methods.get(name)) or ""
             planned = self.planner.partitions.get(name, _plan_partitions(self.planner, name))
-            _set_if_in_range(self.partitions, planned)
+            if isinstance(planned, int) and not isinstance(planned, bool):
+                self.partitions.value = planned
+        self.partitions_note.value = partitions_note(self.planner, name)
 
     def close(self):
         self.planner.unobserve(self.refresh)
         super().close()
+
+    def summary_line(self) -> str:
+        p = self.planner
+        return (f"Parallax planner: {p.profile.model_name} on {describe_inputs(p.result.inputs)}: estimated step "
+                f"{_ms(p.step_time_s)}, speedup vs AR {p.speedup_vs_ar:.2f}x, vs PS {p.speedup_vs_ps:.2f}x")
+
+    def snapshot_html(self) -> str:
+        p = self.planner
+        inputs = style.note(f"Planned for {style.esc(describe_inputs(p.result.inputs))}, latency "
+                            f"{p.cluster.latency_s * 1e6:.6g} &micro;s, local aggregation "
+                            f"{'on' if p.cluster.local_aggregation else 'off'}.")
+        return style.snapshot("parallax-planner-snapshot", [
+            self.children[0].value, inputs, self.error.value, self.summary.value, self.table.value, self.chart.value])
+
+
+def partitions_note(planner: Planner, name: str) -> str:
+    """Why a PS variable has the partitions it has: rows per partition, the default's origin."""
+    plan_var = next((v for v in planner.plan.variables if v.name == name), None)
+    if plan_var is None:
+        return ""
+    if plan_var.method.value != "ps":
+        text = "AR keeps a variable whole: partitions apply to PS"
+    else:
+        rows = planner.profile[name].shape[0] if planner.profile[name].shape else 1
+        parts = plan_var.partitions
+        text = (f"{rows:,} rows in {parts} slices (default: one per worker, {planner.cluster.workers})"
+                + (f"; {parts - rows} slices are empty" if parts > rows else ""))
+    return f'<span style="{style.FONT} font-size: 11.5px; color: {style.FG2}; margin-left: 8px">{style.esc(text)}</span>'
 
 
 def _bandwidth_text(bandwidth) -> str:

@@ -1,15 +1,19 @@
 """RunView: a live view of one distributed run (a :class:`parallax_nb.cluster.Run`).
 
-Progress bar (steps done of steps asked), status line, a Stop button wired to
-``run.stop()``, charts of loss, throughput (examples/s over all ranks) and bytes per step
-(measured on rank 0, sent + received, next to the cost model's prediction for this run), and a
-per-variable table of predicted vs measured bytes per step.
+Progress bar (steps done of steps asked), a status line naming the run's phase with a timer
+that ticks every half second ("starting the cluster: engines 1 of 2 ready · 6 s", "building
+the model", "tracing the training step", then steps, then "gathering the trained weights"),
+a Stop button wired to ``run.stop()``, a note when the plan was made for another cluster,
+charts of loss, throughput (examples/s over all ranks, smoothed, raw values faint behind)
+and bytes per step (measured on rank 0, sent + received, next to the cost model's
+prediction for this run), and a per-variable table of predicted vs measured bytes per step.
 
 The Run is the model: the dispatcher's thread feeds it and the view subscribes with
-``run.observe``. Cheap widgets (progress, status) update on every change; the PNG charts are
-redrawn at most every ``redraw_s`` seconds and once more when the run finishes. Tests drive
-a Run by hand (``run.add_records``, ``run.finish``) and read this view's state: the
-``progress`` widget, ``chart_data()``, ``bytes_rows()``, ``stop_button``.
+``run.observe``. Cheap widgets (progress, status) update on every change; the SVG charts are
+redrawn at most every ``redraw_s`` seconds and once more when the run finishes, when the
+view also stores its final snapshot in the notebook. Tests drive a Run by hand
+(``run.add_records``, ``run.finish``) and read this view's state: the ``progress`` widget,
+``chart_data()``, ``bytes_rows()``, ``stop_button``.
 """
 from __future__ import annotations
 
@@ -18,12 +22,16 @@ import time
 
 import ipywidgets as widgets
 
+from .. import labels, svg
 from ..types import format_bytes
 from . import style
+from .progress_view import Ticker, elapsed_text
+from .snapshot import SnapshotDisplay
 
-_STATUS_COLORS = {"starting": "#6a737d", "running": style.AR_COLOR, "stopping": style.PS_COLOR,
-                  "done": "#1a7f37", "stopped": style.PS_COLOR, "failed": style.ERROR_FG}
+_STATUS_COLOURS = {"stopping": "#b35900", "stopped": "#b35900", "failed": style.FAIL}
+_BADGED = tuple(_STATUS_COLOURS)
 _BAR_STYLES = {"done": "success", "stopped": "warning", "failed": "danger"}
+LOSS_COLOUR, THROUGHPUT_COLOUR, BYTES_COLOUR = "currentColor", "#0b7285", "#c2255c"
 
 
 def chart_series(run) -> dict:
@@ -57,38 +65,36 @@ def bytes_rows(run) -> list[dict]:
     return rows
 
 
-def render_charts(series: dict) -> bytes:
-    """Three small charts side by side: loss, examples/s, bytes/step (measured vs predicted)."""
-    fig = style.new_figure(10.5, 2.6)
-    axes = fig.subplots(1, 3)
+def render_charts(series: dict) -> str:
+    """Three SVG charts side by side (wrapping on a narrow page): loss, examples/s (smoothed,
+    raw values faint behind), bytes/step measured against the prediction (dashed)."""
     steps = series["step"]
-    panels = ((axes[0], "loss", "loss", "#1f2328"), (axes[1], "examples_per_s", "examples / s", style.SPARSE_COLOR),
-              (axes[2], "bytes_per_step", "bytes / step (rank 0)", style.AR_COLOR))
-    for ax, key, title, color in panels:
-        values = [v if v is not None else float("nan") for v in series[key]]
-        ax.plot(steps, values, color=color, linewidth=1.4, label="measured")
-        ax.set_title(title, fontsize=9, color="#3c4048", loc="left")
-        ax.set_xlabel("step", fontsize=8.5)
-        style.style_axes(ax)
-    predicted = series.get("predicted_bytes_per_step")
-    if predicted is not None:
-        axes[2].axhline(predicted, color=style.PS_COLOR, linestyle="--", linewidth=1.2, label="predicted")
-    axes[2].yaxis.set_major_formatter(_bytes_formatter())
-    if predicted is not None or steps:
-        axes[2].legend(fontsize=7.5, frameon=False)
-    fig.tight_layout()
-    return style.figure_png(fig)
-
-
-def _bytes_formatter():
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda x, _pos: style.short_bytes(x))
+    throughput = [v if v is not None else None for v in series["examples_per_s"]]
+    known = [v for v in throughput if v is not None]
+    smoothed = svg.smooth(known) if known else []
+    it = iter(smoothed)
+    smooth_series = [next(it) if v is not None else None for v in throughput]
+    bytes_series = [{"name": "measured (rank 0)", "colour": BYTES_COLOUR, "values": series["bytes_per_step"]}]
+    if series.get("predicted_bytes_per_step") is not None:
+        bytes_series.append({"name": "predicted", "colour": "currentColor", "values": [series["predicted_bytes_per_step"]],
+                             "dash": "5 4", "width": 1.4})
+    charts = [
+        svg.lines("loss", steps, [{"name": "loss (rank 0)", "colour": LOSS_COLOUR, "values": series["loss"]}],
+                  css_class="parallax-run-loss"),
+        svg.lines("examples / s (all ranks)", steps, [
+            {"name": "raw", "colour": THROUGHPUT_COLOUR, "values": throughput, "opacity": 0.3, "width": 1.2},
+            {"name": "smoothed", "colour": THROUGHPUT_COLOUR, "values": smooth_series}],
+            y_format=lambda v: f"{v:,.0f}", css_class="parallax-run-throughput"),
+        svg.lines("bytes / step", steps, bytes_series, byte_axis=True, css_class="parallax-run-bytes"),
+    ]
+    return ('<div class="parallax-run-charts" style="display: flex; flex-wrap: wrap; gap: 10px 24px; '
+            f'color: {style.FG}">' + "".join(f'<div style="flex: 0 1 330px; min-width: 0">{c}</div>' for c in charts)
+            + "</div>")
 
 
 def render_bytes_table(rows: list[dict]) -> str:
     if not rows:
-        return '<div style="color:#6a737d; font-size:12px">no per-variable bytes yet</div>'
+        return style.note("no per-variable bytes yet")
 
     def fmt(x):
         return format_bytes(x) if x is not None else "-"
@@ -97,14 +103,13 @@ def render_bytes_table(rows: list[dict]) -> str:
         p, m = row["predicted_bytes_per_step"], row["measured_bytes_per_step"]
         return f"{m / p:.2f}" if p and m is not None else "-"
 
-    body = [[f"<code>{style.esc(r['name'])}</code>",
-             style.badge(r["method"], style.METHOD_COLORS.get(r["method"], style.DENSE_COLOR)) if r["method"] else "-",
+    body = [[style.name_cell(r["name"]), style.label_badge(r["method"]) if r["method"] else "-",
              fmt(r["predicted_bytes_per_step"]), fmt(r["measured_bytes_per_step"]), ratio(r)] for r in rows]
     return style.html_table(["variable", "method", "predicted / step", "measured / step", "measured / predicted"],
                             body)
 
 
-class RunView(widgets.VBox):
+class RunView(SnapshotDisplay, widgets.VBox):
     """Live progress of a Run, with a Stop button. ``RunView(run)``; display it in a notebook."""
 
     def __init__(self, run, redraw_s: float = 0.5, **kwargs):
@@ -113,32 +118,47 @@ class RunView(widgets.VBox):
         self._last_draw = 0.0
         self._drawn_steps = -1
         self._draw_lock = threading.Lock()
-        architecture = getattr(getattr(run.plan, "architecture", None), "value", run.architecture)
-        self.title = widgets.HTML(style.heading(
-            f"Run on {run.engines} MPI engines",
-            f"{run.steps} steps" + (f", {architecture} plan" if architecture else ", no plan")))
+        self.title = widgets.HTML(self.title_html())
         self.progress = widgets.IntProgress(value=0, min=0, max=max(run.steps, 1), description="steps",
                                             layout=widgets.Layout(width="60%"))
         self.status = widgets.HTML()
         self.stop_button = widgets.Button(description="Stop", icon="stop", button_style="danger",
                                           tooltip="stop every engine after its current step")
         self.stop_button.on_click(self._on_stop_clicked)
-        self.charts = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
+        mismatch = run.plan_mismatch() if hasattr(run, "plan_mismatch") else None
+        self.warning = widgets.HTML(style.warning_box(mismatch) if mismatch else "")
+        self.charts = widgets.HTML(layout=widgets.Layout(max_width="100%"))
         self.bytes_table = widgets.HTML()
         self.error = widgets.HTML()
-        super().__init__([self.title, widgets.HBox([self.progress, self.stop_button]), self.status,
+        super().__init__([self.title, widgets.HBox([self.progress, self.stop_button]), self.status, self.warning,
                           self.charts, self.bytes_table, self.error], **kwargs)
         self.add_class("parallax-run-view")
         run.observe(self._on_change)
         self.refresh(force=True)
+        self._ticker = None if run.done else Ticker(self._tick)
 
     # ----- model -> widgets ------------------------------------------------------------------------
     def _on_change(self, run, what: str) -> None:
         self._update_cheap()
         if run.done:
             self.refresh(force=True)
+            if self._ticker is not None:
+                self._ticker.stop()
+            self.publish_snapshot()
         elif time.monotonic() - self._last_draw >= self.redraw_s:
             self.refresh()
+
+    def _tick(self) -> None:
+        if self.run.done:
+            self._ticker.stop()
+            return
+        self.status.value = self.status_html()
+
+    def title_html(self) -> str:
+        run = self.run
+        architecture = getattr(getattr(run.plan, "architecture", None), "value", run.architecture)
+        plan = f", {labels.text(architecture)} plan" if architecture else ", no plan yet"
+        return style.heading(f"Run on {run.engines} MPI engines", f"{run.steps} steps{plan}")
 
     def _update_cheap(self) -> None:
         run = self.run
@@ -148,13 +168,31 @@ class RunView(widgets.VBox):
             self.progress.bar_style = _BAR_STYLES[run.status]
         self.status.value = self.status_html()
         self.stop_button.disabled = run.done or run.status == "stopping"
+        title = self.title_html()
+        if title != self.title.value:
+            self.title.value = title
         if run.error is not None:
             self.error.value = self.error_html()
 
-    def status_text(self) -> str:
-        """One line: status, steps, last loss, throughput, bytes/step, elapsed time."""
+    def phase_text(self) -> str:
+        """What the run does now and for how long ("building the model · 4 s"); when it is
+        over, how it ended ("done in 23.1 s", "stopped after 7 of 100 steps")."""
         run = self.run
-        parts = [run.status, f"{run.steps_done}/{run.steps} steps"]
+        if run.status == "done":
+            return f"done in {run.elapsed_s:.1f} s"
+        if run.done:
+            return run.message or run.status
+        if run.status == "stopping":
+            asked = run.stop_requested_at
+            return f"{run.message} · {elapsed_text(time.monotonic() - asked)}" if asked else run.message
+        phase = getattr(run, "phase", run.status)
+        since = getattr(run, "phase_started_at", run.started_at)
+        return f"{phase} · {elapsed_text(time.time() - since)}"
+
+    def status_text(self) -> str:
+        """One line: the phase (or how the run ended), steps, last loss, throughput, bytes/step."""
+        run = self.run
+        parts = [self.phase_text(), f"{run.steps_done}/{run.steps} steps"]
         records = run.records
         if records:
             last = records[-1]
@@ -163,26 +201,30 @@ class RunView(widgets.VBox):
             if last.get("examples_per_s") is not None:
                 parts.append(f"{last['examples_per_s']:.0f} examples/s")
             parts.append(f"{format_bytes(last['bytes_per_step'])}/step")
-        parts.append(f"{run.elapsed_s:.1f} s")
-        if run.message and run.message != run.status:
-            parts.append(run.message)
+        if run.status != "done":
+            parts.append(f"{run.elapsed_s:.1f} s in all")
         return " | ".join(parts)
 
     def status_html(self) -> str:
-        color = _STATUS_COLORS.get(self.run.status, "#1f2328")
-        return (f'<div class="parallax-run-status" style="{style.FONT} font-size: 12.5px; color: {color}">'
-                f'{style.esc(self.status_text())}</div>')
+        """:meth:`status_text`; a run that is stopping, stopped or failed leads with a badge
+        of that word instead ("[stopped] after 7 of 100 steps | ...")."""
+        run = self.run
+        text = self.status_text()
+        badge = ""
+        if run.status in _BADGED:
+            badge = style.badge(run.status, _STATUS_COLOURS[run.status]) + " "
+            text = text[len(run.status) + 1:] if text.startswith(run.status + " ") else text
+        return (f'<div class="parallax-run-status" style="{style.FONT} font-size: 12.5px">'
+                f'{badge}{style.esc(text)}</div>')
 
     def error_html(self) -> str:
         err = self.run.error
         tb = getattr(err, "remote_traceback", "") or ""
         details = (f'<details><summary>traceback of rank {style.esc(getattr(err, "rank", "?"))}</summary>'
-                   f'<pre style="font-size: 11px; white-space: pre-wrap">{style.esc(tb)}</pre></details>') if tb else ""
-        return (f'<div class="parallax-error" style="{style.FONT} background: {style.ERROR_BG}; '
-                f'color: {style.ERROR_FG}; border: 1px solid #f5c2c0; border-radius: 6px; padding: 8px 12px; '
-                f'font-size: 12.5px"><b>Run failed:</b> {style.esc(err.message)}'
-                + (f'<div style="margin-top: 3px">&rarr; {style.esc(err.hint)}</div>' if err.hint else "")
-                + details + "</div>")
+                   f'<pre style="font-size: 11px; white-space: pre-wrap; color: {style.FG}">{style.esc(tb)}</pre>'
+                   f'</details>') if tb else ""
+        hint = f'<div style="margin-top: 3px">&rarr; {style.esc(err.hint)}</div>' if getattr(err, "hint", None) else ""
+        return style.box("Run failed", style.esc(err.message) + hint + details)
 
     def chart_data(self) -> dict:
         """What the charts show now (see :func:`chart_series`)."""
@@ -202,6 +244,13 @@ class RunView(widgets.VBox):
             self._last_draw = time.monotonic()
             self.charts.value = render_charts(self.chart_data())
             self.bytes_table.value = render_bytes_table(self.bytes_rows())
+
+    def summary_line(self) -> str:
+        return f"Run on {self.run.engines} MPI engines: {self.status_text()}"
+
+    def snapshot_html(self) -> str:
+        return style.snapshot("parallax-run-snapshot", [self.title.value, self.status.value, self.warning.value,
+                                                         self.charts.value, self.bytes_table.value, self.error.value])
 
     # ----- widgets -> model ------------------------------------------------------------------------
     def _on_stop_clicked(self, _button=None) -> None:
