@@ -271,29 +271,51 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
     assert {v.path for v in model.trainable_variables} == set(plan.names)
 
 
+def _engine_rss_mib(cluster):
+    return [psutil.Process(e.pid).memory_info().rss / 2 ** 20 for e in cluster.engines]
+
+
+def _engine_memory_growth(cluster, job, architecture, warmup, runs):
+    """(RSS growth of each engine in MiB, of the runs after ``warmup``), ``runs`` runs of 2 steps."""
+    pytest.importorskip("parallax_nb.runtime.trainer")
+    from parallax_nb.cluster.dispatch import default_plan
+
+    plan = default_plan(job, architecture)
+    for _ in range(warmup):     # the first runs of an engine import and trace
+        run(job, plan, engines=2, steps=2, cluster=cluster, display=False).wait()
+    before = _engine_rss_mib(cluster)
+    for _ in range(runs):
+        run(job, plan, engines=2, steps=2, cluster=cluster, display=False).wait()
+    return [b - a for a, b in zip(before, _engine_rss_mib(cluster))]
+
+
+def _traced_graphs_alive(cluster) -> list[int]:
+    """Per engine: TensorFlow graphs of traced functions still reachable (gc-tracked)."""
+    view = cluster.client[cluster.engine_ids]
+    view.execute("import gc; gc.collect(); px_graphs = sum(type(o).__name__ == 'FuncGraph' for o in gc.get_objects())",
+                 block=True)
+    return view.pull("px_graphs", block=True)
+
+
 def test_repeated_runs_do_not_grow_engine_memory(cluster, job):
     """Runs on a reused cluster leave nothing behind on the engines. Each run used to leave
     ~1 MiB per engine (TensorFlow kept the stacks of the ops it traced, whose bottom frames
     were new code objects in every ipyparallel task); benchmarks/soak.py measures 200 runs."""
-    pytest.importorskip("parallax_nb.runtime.trainer")
-    from parallax_nb.cluster.dispatch import default_plan
-
-    plan = default_plan(job, "ar")
     runs = 6
-
-    def one_run():
-        run(job, plan, engines=2, steps=2, cluster=cluster, display=False).wait()
-
-    def rss_mib():
-        return [psutil.Process(e.pid).memory_info().rss / 2 ** 20 for e in cluster.engines]
-
-    for _ in range(2):     # the first runs of an engine import and trace
-        one_run()
-    before = rss_mib()
-    for _ in range(runs):
-        one_run()
-    growth = [b - a for a, b in zip(before, rss_mib())]
+    growth = _engine_memory_growth(cluster, job, "ar", warmup=2, runs=runs)
     assert max(growth) < 0.4 * runs, f"engine RSS grew by {growth} MiB over {runs} runs"
+
+
+def test_repeated_hybrid_runs_do_not_grow_engine_memory(cluster, job):
+    """HYBRID (PS for the sparse tables) leaves nothing behind either. Each run used to keep
+    its whole traced step alive on every engine, ~6.6 MiB: the sharded lookup's
+    ``tf.custom_gradient`` registers its gradient in TensorFlow's process-wide registry,
+    which nothing emptied; benchmarks/soak.py measures 200 runs."""
+    runs = 4
+    growth = _engine_memory_growth(cluster, job, "hybrid", warmup=1, runs=runs)
+    graphs = _traced_graphs_alive(cluster)
+    assert graphs == [0, 0], f"traced step graphs still alive on the engines after the runs: {graphs}"
+    assert max(growth) < 0.4 * runs, f"engine RSS grew by {growth} MiB over {runs} HYBRID runs"
 
 
 def test_stop_leaves_no_process(cluster):

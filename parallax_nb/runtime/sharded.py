@@ -110,7 +110,7 @@ def op_tag(name: str) -> str:
 
 
 def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str,
-                  what: str = "rows") -> tf.Tensor:
+                  what: str = "rows", registrations: list[str] | None = None) -> tf.Tensor:
     """alltoall of the rows owners serve back to their requesters, with an explicitly named
     reverse alltoall as its gradient (row gradients to the owners).
 
@@ -118,6 +118,11 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
     number: Horovod matches collectives across ranks by name, and automatic names would
     differ between ranks whose graphs differ (a rank owning two partitions gathers from
     both, a rank owning one does not).
+
+    Traced, ``tf.custom_gradient`` registers the gradient in TensorFlow's process-wide
+    registry under a new name, and that entry keeps the whole traced graph alive
+    (tensorflow#27492, #97697): the name is appended to ``registrations`` so that the
+    trace's owner can drop it (:func:`forget_gradient_registrations`).
     """
     import horovod.tensorflow as hvd
 
@@ -132,7 +137,22 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
 
         return y, grad
 
-    return exchange(served)
+    rows = exchange(served)
+    if registrations is not None and not tf.executing_eagerly():
+        registrations.append(rows.op.get_attr("_gradient_op_type").decode())
+    return rows
+
+
+def forget_gradient_registrations(names: list[str]) -> None:
+    """Drop the gradient registrations ``names`` (made by :func:`exchange_rows` while tracing)
+    once their trace has been differentiated: nothing looks them up again, and each kept
+    the traced step, ~6.6 MiB per run of the tiny LM, for the life of an engine."""
+    from tensorflow.python.framework import ops as tf_ops
+
+    registry = tf_ops._gradient_registry._registry
+    for name in names:
+        registry.pop(name, None)
+    names.clear()
 
 
 class ShardedLookupRouter:
@@ -155,10 +175,15 @@ class ShardedLookupRouter:
         self.ledger = ledger
         self.remote = remote if remote is not None else [0.0 if r == rank else 1.0 for r in range(ranks)]
         self.hierarchy = hierarchy
+        self.gradient_registrations: list[str] = []
 
     def reset(self) -> None:
         """Start a new trace: lookups are numbered per variable from 0 again."""
         self._calls: dict[str, int] = {}
+
+    def forget_gradients(self) -> None:
+        """Call once the trace's backward pass is built (see :func:`exchange_rows`)."""
+        forget_gradient_registrations(self.gradient_registrations)
 
     def lookup(self, params, ids):
         sharded = self.variables.get(variable_path(params))
@@ -191,7 +216,8 @@ class ShardedLookupRouter:
         splits = tf.math.bincount(owners, minlength=N, maxlength=N, dtype=tf.int32)
         recv_ids, recv_splits = self._hvd.alltoall(tf.gather(ids, order), splits=splits, name=f"px_ids_{tag}",
                                                    ignore_name_scope=True)
-        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag)
+        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag,
+                             registrations=self.gradient_registrations)
         self._count(sharded, splits, recv_splits)
         return tf.gather(rows, tf.argsort(order))
 
@@ -209,7 +235,8 @@ class ShardedLookupRouter:
         # share with the machine: every rank receives each requester's rows (requesters in rank order)
         counts = [tf.reduce_sum(tf.cast(tf.equal(requester, i), tf.int32)) for i in range(h.G)]
         shared = exchange_rows(tile_rows(my_rows, h.G), send_splits=h.local_splits(tf.shape(my_rows)[0]),
-                               receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share")
+                               receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share",
+                               registrations=self.gradient_registrations)
         places = tf.concat([tf.cast(tf.where(tf.equal(requester, i))[:, 0], tf.int32) for i in range(h.G)], 0)
         union_rows = tf.gather(shared, tf.math.invert_permutation(places))
         return tf.gather(union_rows, mine)
