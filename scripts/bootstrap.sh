@@ -213,6 +213,29 @@ install_package() {
   pip_run install -q --no-deps --no-build-isolation -e "$PX_ROOT"
 }
 
+# JupyterLab in this environment saves widget state with the notebook by default, so a notebook
+# reopened after its kernel is gone shows parallax_nb's views instead of "model not found".
+# An app-level override (the user's own Settings still win); other overrides are kept.
+install_lab_settings() {
+  local dir="$PX_VENV/share/jupyter/lab/settings"
+  mkdir -p "$dir"
+  "$PX_VENV/bin/python" - "$dir/overrides.json" <<'PY'
+import json, os, sys
+path = sys.argv[1]
+try:
+    with open(path) as f:
+        settings = json.load(f)
+except FileNotFoundError:
+    settings = {}
+plugin = settings.setdefault("@jupyter-widgets/jupyterlab-manager:plugin", {})
+if plugin.get("saveState") is not True:
+    plugin["saveState"] = True
+    with open(path + ".partial", "w") as f:
+        json.dump(settings, f, indent=2)
+    os.replace(path + ".partial", path)
+PY
+}
+
 px_bootstrap() {
   local t0=$SECONDS
   if [ "$PX_GPU" = resolve ]; then
@@ -226,6 +249,7 @@ px_bootstrap() {
   install_mpi4py
   install_horovod
   install_package
+  install_lab_settings
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export PATH="$PX_VENV/bin:$PATH"
   export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
