@@ -1,5 +1,6 @@
 """RunView reads a Run model: drive the model by hand, read the widget state (no browser, no
 cluster); the last test runs the journey in a real kernel and reads the phases its widgets sent."""
+import datetime
 import time
 
 import pytest
@@ -280,6 +281,13 @@ print("MARK end", time.time(), flush=True)
 '''
 
 
+def _sent_at(date) -> float:
+    """A message header's date in seconds; jupyter_client hands it over parsed or as ISO text."""
+    if isinstance(date, str):
+        date = datetime.datetime.fromisoformat(date.replace("Z", "+00:00"))
+    return date.timestamp()
+
+
 def _phase_messages(kc, deadline):
     """(kernel time, text) of every phase label the kernel's widgets showed, and the MARK lines."""
     import queue
@@ -306,7 +314,7 @@ def _phase_messages(kc, deadline):
             value = (content.get("data") or {}).get("state", {}).get("value")
             if isinstance(value, str) and ("parallax-phase" in value or "parallax-run-status" in value):
                 text = re.sub(r"<[^>]+>", " ", value)
-                phases.append((msg["header"]["date"].timestamp(), " ".join(text.split())))
+                phases.append((_sent_at(msg["header"]["date"]), " ".join(text.split())))
     return phases, marks
 
 

@@ -172,8 +172,8 @@ class Run:
         self._notify("records")
         default = f"stopped after {self.steps_done} of {self.steps} steps" if stopped else \
             f"done: {self.steps_done} steps"
-        if ((summary or {}).get("batch_norm") or {}).get("statistics") == "per rank":
-            default += "; BatchNorm statistics per rank, not of the global batch (Job(sync_batch_norm=False))"
+        if self.batch_norm_note:
+            default += f"; {self.batch_norm_note}"
         self.set_status(STOPPED if stopped else DONE, message or default)
 
     def fail(self, error: DistributedError) -> None:
@@ -264,6 +264,13 @@ class Run:
         if not planned_here or (workers > 1 and not plan.local_aggregation):
             return {}
         return {vp.name: float(vp.bytes_per_step) / workers for vp in plan.variables if vp.bytes_per_step is not None}
+
+    @property
+    def batch_norm_note(self) -> str | None:
+        """Said wherever the run is shown when its BatchNorm layers kept per-rank statistics."""
+        if ((self._summary or {}).get("batch_norm") or {}).get("statistics") == "per rank":
+            return "BatchNorm statistics per rank, not of the global batch (Job(sync_batch_norm=False))"
+        return None
 
     def summary(self) -> dict:
         """Rank 0's run summary (schema ``parallax_nb.run``); raises if the run has none yet."""

@@ -203,6 +203,8 @@ class RunView(SnapshotDisplay, widgets.VBox):
             parts.append(f"{format_bytes(last['bytes_per_step'])}/step")
         if run.status != "done":
             parts.append(f"{run.elapsed_s:.1f} s in all")
+        if run.batch_norm_note:
+            parts.append(run.batch_norm_note)
         return " | ".join(parts)
 
     def status_html(self) -> str:
