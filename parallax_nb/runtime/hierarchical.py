@@ -26,12 +26,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from .tensor_ops import deduplicate, tile_rows
 from .topology import Topology
-
-
-def tile_rows(x: tf.Tensor, copies: int) -> tf.Tensor:
-    """``copies`` copies of ``x`` stacked along its first dimension."""
-    return tf.tile(x, tf.concat([[copies], tf.ones([tf.rank(x) - 1], tf.int32)], 0))
 
 
 class Hierarchy:
@@ -87,8 +83,6 @@ class Hierarchy:
         """Every rank's (deduplicated) ``grad``, summed per row over all W ranks and divided by
         W, as one deduplicated ``IndexedSlices``; plus (sent, received) bytes to and from other
         machines (scalar tensors; ``row_bytes`` includes the 8 index bytes)."""
-        from .sync import deduplicate
-
         values, indices = grad.values, grad.indices
         if self.G > 1:
             values, _ = self.local_gather(values, f"px_la_sv_local_{tag}")

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..job import Job
-from .sync import deduplicate
+from .tensor_ops import deduplicate
 
 
 def train_single_device(job: Job, steps: int, batch_size: int | None = None, return_model: bool = False,

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from ..ops import variable_path
 from .accounting import ByteLedger
-from .hierarchical import tile_rows
+from .tensor_ops import op_tag, tile_rows
 from .partitioning import RowPartitioning
 
 
@@ -102,11 +102,6 @@ class ShardedVariable:
 
     def values(self) -> dict[int, np.ndarray]:
         return {p: v.numpy() for p, v in zip(self.owned, self.parts)}
-
-
-def op_tag(name: str) -> str:
-    """A variable path as a fragment of a Horovod op name (letters, digits, underscores)."""
-    return "".join(c if c.isalnum() else "_" for c in name)
 
 
 def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str,

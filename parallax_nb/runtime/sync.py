@@ -42,7 +42,8 @@ import tensorflow as tf
 from ..types import Kind, Method
 from .accounting import ByteLedger, allgather_bytes, ring_allreduce_bytes
 from .hierarchical import Hierarchy
-from .sharded import ShardedVariable, op_tag
+from .sharded import ShardedVariable
+from .tensor_ops import deduplicate, op_tag
 from .topology import Topology
 
 
@@ -91,20 +92,6 @@ def _scale(grad, factor: float):
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor
-
-
-def deduplicate(grad: tf.IndexedSlices) -> tf.IndexedSlices:
-    """Sum the values of repeated indices: one entry per touched row.
-
-    Besides moving fewer bytes, this makes the optimizer see the true gradient: Keras 3
-    optimizers on TensorFlow square the *entries* of an ``IndexedSlices`` (Adam's second
-    moment gets the sum of squares of a row's per-occurrence gradients, not the square of
-    their sum), so without it the update would depend on how the duplicates of a row were
-    split across entries and ranks. Deduplicated, every method applies exactly the
-    dense-equivalent update (see ``reference.train_single_device``)."""
-    unique, position = tf.unique(grad.indices)
-    values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(unique)[0])
-    return tf.IndexedSlices(values, unique, grad.dense_shape)
 
 
 class GradientExchange:

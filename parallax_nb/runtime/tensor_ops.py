@@ -1,0 +1,29 @@
+"""Tensor helpers shared by the runtime's exchanges; a leaf module (imports only TensorFlow),
+so :mod:`.sync`, :mod:`.sharded` and :mod:`.hierarchical` depend on it and not on each other."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def op_tag(name: str) -> str:
+    """A variable path as a fragment of a Horovod op name (letters, digits, underscores)."""
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def tile_rows(x: tf.Tensor, copies: int) -> tf.Tensor:
+    """``copies`` copies of ``x`` stacked along its first dimension."""
+    return tf.tile(x, tf.concat([[copies], tf.ones([tf.rank(x) - 1], tf.int32)], 0))
+
+
+def deduplicate(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """Sum the values of repeated indices: one entry per touched row.
+
+    Besides moving fewer bytes, this makes the optimizer see the true gradient: Keras 3
+    optimizers on TensorFlow square the *entries* of an ``IndexedSlices`` (Adam's second
+    moment gets the sum of squares of a row's per-occurrence gradients, not the square of
+    their sum), so without it the update would depend on how the duplicates of a row were
+    split across entries and ranks. Deduplicated, every method applies exactly the
+    dense-equivalent update (see ``reference.train_single_device``)."""
+    unique, position = tf.unique(grad.indices)
+    values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(unique)[0])
+    return tf.IndexedSlices(values, unique, grad.dense_shape)
