@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     print()
     print(report.render(doc))
     if args.json:
-        from parallax_nb.io import atomic_write_text
+        from parallax_nb.jsonfile import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(doc, indent=1))
         print(f"\nwrote {args.json}")

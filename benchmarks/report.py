@@ -250,7 +250,7 @@ RESULTS_HEADING = "## Latest results"
 
 def update_readme(path: str, doc: dict) -> None:
     """Replace everything from the "Latest results" heading on with this run's table."""
-    from parallax_nb.io import atomic_write_text
+    from parallax_nb.jsonfile import atomic_write_text
 
     with open(path) as f:
         text = f.read()

@@ -4,7 +4,7 @@ Every view (widgets, the HTML report, the command line, the notebooks) names and
 method or an architecture from this table, so "PS" is the same word and the same orange
 everywhere and sparse-as-dense has one name. Keys are the values the rest of the package
 uses: ``Method.value`` ("ps", "ar"), ``Architecture.value`` ("ar", "ps", "hybrid", "auto"),
-``types.SPARSE_AS_DENSE`` and ``types.PLAIN_HOROVOD``, ``Kind.value`` ("sparse", "dense").
+the baseline keys ``types.BASELINE_KEYS``, ``Kind.value`` ("sparse", "dense").
 Badges are capitals everywhere: PS, AR, HYBRID, AUTO, SPARSE, DENSE.
 
 Colours carry white badge text at a contrast of at least 4.5:1 (WCAG AA), so a badge reads
@@ -38,6 +38,8 @@ LABELS: dict[str, Label] = {
                              "Horovod with sparse_as_dense=True: sparse gradients densified, then allreduced"),
     "horovod": Label(PLAIN_HOROVOD_TEXT, "#3d4451",
                      "Horovod's defaults: sparse gradients allgathered with their duplicate rows"),
+    "tf_ps": Label("TF parameter servers", "#7a4a14",
+                   "TensorFlow's parameter servers: every variable on servers, each worker pushes and pulls on its own"),
     "sparse": Label("SPARSE", "#1f7a70", "a step touches only some rows (the gradient is tf.IndexedSlices)"),
     "dense": Label("DENSE", "#5f6b7a", "every step produces a full gradient"),
 }

@@ -217,7 +217,7 @@ class Cluster:
         """Record this cluster's pids and make sure a reaper watches this process (see reaper.py)."""
         import json
 
-        from ..io import atomic_write_text
+        from ..jsonfile import atomic_write_text
 
         atomic_write_text(self._pidfile, json.dumps(self._process_ids()))
         if self._reaper is None or self._reaper.poll() is not None:

@@ -210,7 +210,7 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
            stop: "StopFlag") -> dict:
     """The body of :func:`train_on_engine`, on the training thread."""
     from ..job import Job
-    from ..runtime.context import horovod
+    from ..runtime.context import clear_keras_session, horovod
 
     horovod()   # this rank's GPU is chosen before the job, Keras or the training run anything
 
@@ -225,12 +225,7 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
         import cloudpickle
 
         train_fn = cloudpickle.loads(train_fn_bytes)
-    try:
-        import keras
-
-        keras.backend.clear_session()   # same variable names on every run of a reused engine
-    except ImportError:
-        pass
+    clear_keras_session()   # same variable names on every run of a reused engine
 
     publisher = ProgressPublisher(rank) if options.get("publish", True) else (lambda record: None)
     from .. import progress

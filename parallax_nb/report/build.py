@@ -22,17 +22,14 @@ from datetime import datetime, timezone
 
 from .. import labels
 from ..errors import ConfigError, PlanError
-from ..plan import Plan
-from ..types import Architecture, ClusterSpec, Method, Profile
+from ..plan import RECORDED_COSTS, Plan
+from ..types import (BASELINE_KEYS, PLAIN_HOROVOD, RUN_SCHEMA, RUN_SCHEMA_VERSION, SPARSE_AS_DENSE, Architecture,
+                     ClusterSpec, Method, Profile)
 
 SCHEMA = "parallax_nb.report"
 SCHEMA_VERSION = 1
-RUN_SCHEMA = "parallax_nb.run"
-RUN_SCHEMA_VERSION = 1
 CURVE_MACHINES = range(1, 65)
-SPARSE_AS_DENSE = "sparse_as_dense"  # plain Horovod with sparse_as_dense=True (cost.SPARSE_AS_DENSE)
-PLAIN_HOROVOD = "horovod"  # plain Horovod's defaults (cost.PLAIN_HOROVOD)
-_ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4, PLAIN_HOROVOD: 5}
+_ARCH_RANK = {key: rank for rank, key in enumerate((*(a.value for a in Architecture), *BASELINE_KEYS))}
 ARCHITECTURE_LABELS = {key: labels.text(key) for key in _ARCH_RANK}
 
 # What the report itself assumes, on top of the cost model's own (cost.ASSUMPTIONS).
@@ -83,7 +80,7 @@ def load_run(run) -> dict | None:
         return None
     source = "run summary"
     if isinstance(run, (str, os.PathLike)):
-        from ..io import load_json
+        from ..jsonfile import load_json
 
         path = os.fspath(run)
         if not os.path.exists(path):
@@ -174,7 +171,8 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
     figures stored in the plan, which may come from another profile); methods and partitions
     come from the plan.
     """
-    from .. import __version__, cost
+    from .. import cost
+    from ..version import __version__
 
     if not isinstance(profile, Profile):
         raise ConfigError(f"report() needs a parallax_nb Profile, got {type(profile).__name__}",
@@ -283,9 +281,7 @@ def _variable_data(var, vp, c) -> dict:
         "size_bytes": int(var.size_bytes),
         "alpha": _number(var.alpha_mean if var.is_sparse else 1.0),
         "alpha_per_machine": _number(c.alpha),
-        "ps_bytes_per_step": _number(c.ps_bytes_per_step),
-        "ar_bytes_per_step": _number(c.ar_bytes_per_step),
-        "sparse_as_dense_bytes_per_step": _number(c.sparse_as_dense_bytes_per_step),
+        **{f"{key}_bytes_per_step": _number(c.bytes_for(key)) for key in RECORDED_COSTS},
         "method": vp.method.value,
         "partitions": int(vp.partitions),
     }
@@ -391,6 +387,6 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines=CURVE_MACH
     from .. import cost
 
     curves = cost.step_time_curves(profile, cluster, machines=machines,
-                                   architectures=(*cost.WHOLE_MODEL, cost.SPARSE_AS_DENSE, cost.PLAIN_HOROVOD))
+                                   architectures=(*cost.WHOLE_MODEL, SPARSE_AS_DENSE, PLAIN_HOROVOD))
     return {"machines": [int(m) for m in curves["machines"]],
             "step_time_s": {_key(k): [_number(t) for t in ts] for k, ts in curves["step_time_s"].items()}}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html as _html
 
 from .. import labels
+from ..plan import RECORDED_COSTS
 from ..types import format_bandwidth, format_bytes
 from . import charts
 
@@ -165,9 +166,10 @@ def _variables_table(data: dict) -> str:
     per_machine = any(v["alpha_per_machine"] is not None and v["alpha"] is not None
                       and abs(v["alpha_per_machine"] - v["alpha"]) > 1e-12 for v in data["variables"])
     alpha_head = "<th class=num>&alpha;</th>" + ("<th class=num>&alpha; per machine</th>" if per_machine else "")
-    head = ("<tr><th>variable</th><th>kind</th><th>shape</th><th class=num>size</th>" + alpha_head +
-            "<th class=num>PS bytes/step</th><th class=num>AR bytes/step</th>"
-            "<th class=num>sparse-as-dense bytes/step</th><th>method</th><th class=num>partitions</th></tr>")
+    keys = [f"{key}_bytes_per_step" for key in RECORDED_COSTS]
+    head = ("<tr><th>variable</th><th>kind</th><th>shape</th><th class=num>size</th>" + alpha_head
+            + "".join(f"<th class=num>{esc(labels.text(key))} bytes/step</th>" for key in RECORDED_COSTS)
+            + "<th>method</th><th class=num>partitions</th></tr>")
     body = []
     for v in data["variables"]:
         shape = " x ".join(str(d) for d in v["shape"]) or "scalar"
@@ -176,19 +178,14 @@ def _variables_table(data: dict) -> str:
             + _td(format_bytes(v["size_bytes"]), "num", f"{v['size_bytes']} bytes")
             + _td(_fmt_alpha(v["alpha"]), "num")
             + (_td(_fmt_alpha(v["alpha_per_machine"]), "num") if per_machine else "")
-            + _td(fmt_bytes(v["ps_bytes_per_step"]), "num", f"{v['ps_bytes_per_step']:.0f} bytes")
-            + _td(fmt_bytes(v["ar_bytes_per_step"]), "num", f"{v['ar_bytes_per_step']:.0f} bytes")
-            + _td(fmt_bytes(v["sparse_as_dense_bytes_per_step"]), "num",
-                  f"{v['sparse_as_dense_bytes_per_step']:.0f} bytes")
+            + "".join(_td(fmt_bytes(v[key]), "num", f"{v[key]:.0f} bytes") for key in keys)
             + f"<td>{_badge(v['method'])}</td>" + _td(v["partitions"], "num") + "</tr>")
     total = sum(v["size_bytes"] for v in data["variables"])
-    chosen = sum(v["ps_bytes_per_step"] if v["method"] == "ps" else v["ar_bytes_per_step"] for v in data["variables"])
+    chosen = sum(v[f"{v['method']}_bytes_per_step"] for v in data["variables"])
     foot = (f"<tr><td>all {len(data['variables'])} variables</td><td></td><td></td>"
             f"{_td(format_bytes(total), 'num')}<td></td>{'<td></td>' if per_machine else ''}"
-            f"{_td(fmt_bytes(sum(v['ps_bytes_per_step'] for v in data['variables'])), 'num')}"
-            f"{_td(fmt_bytes(sum(v['ar_bytes_per_step'] for v in data['variables'])), 'num')}"
-            f"{_td(fmt_bytes(sum(v['sparse_as_dense_bytes_per_step'] for v in data['variables'])), 'num')}"
-            f"{_td('plan: ' + format_bytes(chosen), 'nowrap')}<td></td></tr>")
+            + "".join(_td(fmt_bytes(sum(v[key] for v in data["variables"])), "num") for key in keys)
+            + f"{_td('plan: ' + format_bytes(chosen), 'nowrap')}<td></td></tr>")
     return (f'<h2>Variables</h2><p class="muted">Bytes are sent + received per machine per step on the planned '
             f'cluster; &alpha; is the fraction of a variable\'s rows one worker\'s step touches (1 for dense variables)'
             + ('; &alpha; per machine is the union of a machine\'s workers, what local aggregation sends' if per_machine else '')

@@ -37,7 +37,7 @@ import numpy as np
 import psutil
 
 from ..errors import CheckpointError
-from ..io import atomic_write_text, load_json
+from ..jsonfile import atomic_write_text, load_json
 
 CHECKPOINT_SCHEMA = "parallax_nb.checkpoint"
 CHECKPOINT_SCHEMA_VERSION = 2

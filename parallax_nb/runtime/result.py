@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-RUN_SCHEMA = "parallax_nb.run"
-RUN_SCHEMA_VERSION = 1
+from ..types import RUN_SCHEMA, RUN_SCHEMA_VERSION
+
 #: How the runtime treats a row gathered several times in one step (README, "Correctness").
 SPARSE_GRADIENT_SEMANTICS = ("repeated rows summed before the optimizer: dense-equivalent updates "
                              "(Keras alone feeds Adam/Adagrad/RMSprop one entry per occurrence)")

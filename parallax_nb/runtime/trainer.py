@@ -142,7 +142,7 @@ class Trainer:
         table's range (a local forward pass, as the profiler does), or a batch the model
         cannot take, or labels that broadcast against the model's output
         (:func:`.guards.label_problem`)."""
-        from ..profile import checks
+        from .. import job_checks as checks
 
         b = self.job.batch_size
         try:
@@ -316,7 +316,7 @@ class Trainer:
     def _user_errors(self):
         """TensorFlow's errors that are the user's to fix, in the user's terms: an id outside
         its table (:func:`.guards.id_error`), a layer name tf.function refuses."""
-        from ..profile.checks import layer_name_error
+        from ..job_checks import layer_name_error
 
         try:
             yield

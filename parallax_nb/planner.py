@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError, ParallaxError, PlanError
-from ..types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
+from .errors import ConfigError, ParallaxError, PlanError
+from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
 
 Observer = Callable[["Planner"], None]
 
@@ -98,8 +98,8 @@ def _as_latency_s(value: Any) -> float:
 
 def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
     """Compute everything from ``inputs``; raises a ParallaxError naming the first bad input."""
-    from ..cost import compare_architectures, estimate
-    from ..plan import make_plan
+    from .cost import compare_architectures, estimate
+    from .plan import make_plan
 
     cluster = ClusterSpec.create(
         machines=_as_int("machines", inputs.machines),
@@ -317,23 +317,22 @@ class Planner:
 
     @property
     def table(self):
-        """One row per variable (index: name): kind, size_bytes, alpha, ps_bytes_per_step,
-        ar_bytes_per_step (bytes per machine per step under each method), method (the plan's
-        choice) and partitions. A view of :attr:`plan`, recomputed with it."""
+        """One row per variable (index: name): kind, size_bytes, alpha, ``<method>_bytes_per_step``
+        for every method (bytes per machine per step, e.g. ``ps_bytes_per_step``), method (the
+        plan's choice) and partitions. A view of :attr:`plan`, recomputed with it."""
         import pandas as pd
 
+        byte_columns = [f"{m.value}_bytes_per_step" for m in Method]
         rows = [{
             "name": v.name,
             "kind": getattr(v.kind, "value", v.kind),
             "size_bytes": v.size_bytes,
             "alpha": v.alpha,
-            "ps_bytes_per_step": v.ps_bytes_per_step,
-            "ar_bytes_per_step": v.ar_bytes_per_step,
+            **{f"{m.value}_bytes_per_step": v.bytes_for(m) for m in Method},
             "method": getattr(v.method, "value", v.method),
             "partitions": v.partitions,
         } for v in self.plan.variables]
-        columns = ["name", "kind", "size_bytes", "alpha", "ps_bytes_per_step", "ar_bytes_per_step",
-                   "method", "partitions"]
+        columns = ["name", "kind", "size_bytes", "alpha", *byte_columns, "method", "partitions"]
         return pd.DataFrame(rows, columns=columns).set_index("name")
 
     # ----------------------------------------------------------------- display
@@ -351,13 +350,6 @@ class Planner:
 
     def __repr__(self) -> str:
         return self.summary()
-
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        from .planner_view import PlannerView
-
-        display(PlannerView(self))
 
 
 def plan(profile: Profile, cluster: ClusterSpec | None = None, architecture: "str | Architecture" = "auto",
