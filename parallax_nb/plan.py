@@ -37,7 +37,7 @@ def _parse_method(name: str, value: Any) -> Method:
         return value if isinstance(value, Method) else Method(str(value).strip().lower())
     except ValueError:
         raise PlanError(f"variable {name!r}: unknown method {value!r}",
-                        hint="a method is 'ps' (parameter server) or 'ar' (allreduce)") from None
+                        hint=f"a method is one of {Method.choices()}") from None
 
 
 def _parse_kind(name: str, value: Any) -> Kind:
@@ -244,7 +244,7 @@ class Plan:
             method = _parse_method(v.name, methods.get(v.name, v.method))
             if v.name in partitions:
                 parts = check_partitions(v.name, partitions[v.name])
-            elif method is Method.PS and v.method is Method.AR and v.partitions == 1:
+            elif method.partitioned and not v.method.partitioned and v.partitions == 1:
                 parts = default_partitions(self.cluster)
             else:
                 parts = v.partitions

@@ -127,7 +127,7 @@ def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
         try:
             methods[name] = m if isinstance(m, Method) else Method(str(m).strip().lower())
         except ValueError:
-            raise PlanError(f"unknown method {m!r} for {name}", hint="choose 'ps' or 'ar'") from None
+            raise PlanError(f"unknown method {m!r} for {name}", hint=f"choose one of {Method.choices()}") from None
     plan = make_plan(profile, cluster, architecture, partitions=partitions or None)
     if methods:   # partitions again: a variable switched to PS keeps the partitions asked for
         plan = plan.with_methods(methods, partitions={n: p for n, p in partitions.items() if n in methods})

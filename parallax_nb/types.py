@@ -33,6 +33,16 @@ class Method(str, enum.Enum):
     AR = "ar"
     PS = "ps"
 
+    @property
+    def partitioned(self) -> bool:
+        """Whether a variable under this method is split into server partitions (PS); AR keeps it whole."""
+        return self is Method.PS
+
+    @classmethod
+    def choices(cls) -> str:
+        """``"'ar', 'ps'"``: the methods as a user writes them, for error hints."""
+        return ", ".join(repr(m.value) for m in cls)
+
 
 class Architecture(str, enum.Enum):
     """A whole-model choice of methods.

@@ -290,6 +290,8 @@ def _train_and_write(job, plan, args, info, search) -> None:
         print(f"parallax_nb run: note: BatchNorm layers {summary['batch_norm']['layers']} normalised with each "
               "rank's own batch (Job(sync_batch_norm=False)): not the single-device run on the global batch",
               file=sys.stderr, flush=True)
+    for change in result.executed_plan.change_lines() if result.executed_plan is not None else ():
+        print(f"parallax_nb run: the run changed the plan: {change}", file=sys.stderr, flush=True)
     atomic_write_text(os.path.join(args.output, "run.json"), json.dumps(summary, indent=2))
     plan.to_json(os.path.join(args.output, "plan.json"))
 

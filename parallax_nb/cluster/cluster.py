@@ -441,12 +441,6 @@ class Cluster:
         """Engine ids in rank order (engine_ids[r] runs rank r)."""
         return [e.engine_id for e in self._engines]
 
-    def rank_of(self, engine_id: int) -> int | None:
-        for e in self._engines:
-            if e.engine_id == engine_id:
-                return e.rank
-        return None
-
     def host_of(self, engine_id: int) -> str:
         for e in self._engines:
             if e.engine_id == engine_id:

@@ -1,7 +1,7 @@
 """Dispatch: ship a Job and a Plan to the engines, train there, stream progress back, stop.
 
 :func:`run` submits :func:`parallax_nb.cluster.engine.train_on_engine` to every engine (one
-task per MPI rank) and returns a :class:`~parallax_nb.cluster.run.Run` at once; a watcher
+task per MPI rank) and returns a :class:`~parallax_nb.cluster.handle.Run` at once; a watcher
 thread (:class:`RunController`) then polls, every ``poll_s`` seconds:
 
 - the step records each engine published (ipyparallel ``publish_data``, merged by the
@@ -36,7 +36,7 @@ from .. import progress
 from ..errors import ConfigError, DistributedError
 from .cluster import Cluster, default_cluster
 from .engine import RECORD_KEY_PREFIX, STATUS_KEY, STOP_SIGNAL, train_on_engine
-from .run import FAILED, RUNNING, STOPPING, Run
+from .handle import FAILED, RUNNING, STOPPING, Run
 
 STOP_GRACE_S = 15.0
 FAILURE_GRACE_S = 10.0

@@ -86,7 +86,7 @@ class ProgressPublisher:
         self._publish = publish
 
     def __call__(self, record: Any) -> None:
-        from .run import record_to_dict
+        from .handle import record_to_dict
 
         d = record_to_dict(record)
         self._publish({f"{RECORD_KEY_PREFIX}:{self.rank}:{d['step']:09d}": d})
@@ -258,7 +258,7 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
                steps_done=int(getattr(result, "steps_done", getattr(history[-1], "step", 0) if history else 0)),
                stopped=bool(stop.agreed or getattr(result, "stopped_early", False)))
     if rank == 0:
-        from .run import record_to_dict
+        from .handle import record_to_dict
 
         summary = result.summary() if hasattr(result, "summary") else None
         weights, names = _weights_of(result)

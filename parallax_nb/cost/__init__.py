@@ -4,15 +4,16 @@ step-time estimates, and the per-variable choices behind a Plan. No TensorFlow i
 * :data:`METHOD_COSTS` / :data:`BASELINES` — one cost entry per ``(Method, Kind)`` and per
   baseline (:mod:`.methods`; formulas in :mod:`.model`)
 * :func:`variable_cost` — one variable on one ClusterSpec, every method and baseline
-* :func:`estimate` — a Plan's bytes, communication and step time (:mod:`.estimate`)
+* :func:`estimate` — a Plan's bytes, communication and step time (:mod:`.estimate`);
+  :func:`estimate_executed` — the same for what a run executed
 * :func:`compare_architectures` — AR, PS, HYBRID, AUTO and :data:`SPARSE_AS_DENSE`
   (and :data:`PLAIN_HOROVOD` on request)
 * :func:`step_time_curve` / :func:`step_time_curves` — step time against the machine count
 * :data:`ASSUMPTIONS` — the model's assumptions in words, for reports
 """
 from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Estimate, MethodCost, VariableCost
-from .estimate import (WHOLE_MODEL, compare_architectures, estimate, step_time_curve, step_time_curves,
-                       variable_costs)
+from .estimate import (WHOLE_MODEL, compare_architectures, estimate, estimate_executed, step_time_curve,
+                       step_time_curves, variable_costs)
 from .choice import choose_method, default_partitions
 from .methods import BASELINES, METHOD_COSTS, variable_cost
 from .model import INDEX_BYTES
@@ -52,5 +53,6 @@ ASSUMPTIONS = (
 )
 
 __all__ = ["ASSUMPTIONS", "BASELINES", "INDEX_BYTES", "METHOD_COSTS", "PLAIN_HOROVOD", "SPARSE_AS_DENSE", "TF_PS",
-           "WHOLE_MODEL", "Estimate", "MethodCost", "VariableCost", "choose_method", "compare_architectures", "default_partitions", "estimate",
-           "step_time_curve", "step_time_curves", "variable_cost", "variable_costs"]
+           "WHOLE_MODEL", "Estimate", "MethodCost", "VariableCost", "choose_method", "compare_architectures",
+           "default_partitions", "estimate", "estimate_executed", "step_time_curve", "step_time_curves",
+           "variable_cost", "variable_costs"]

@@ -139,6 +139,24 @@ def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Esti
     return _with_speedups(own, ar, ps)
 
 
+def estimate_executed(profile: Profile, executed, cluster: ClusterSpec) -> Estimate:
+    """Estimated cost of what a run executed (:class:`parallax_nb.executed.ExecutedPlan`): each
+    variable charged the table entry of the method and the kind it ran as (a sparse variable
+    served whole is charged as a dense one), on ``cluster`` (the run's topology)."""
+    _check_inputs(profile, cluster)
+    ran = [executed[v.name] if v.name in executed else None for v in profile.variables]
+    missing = [v.name for v, r in zip(profile.variables, ran) if r is None]
+    if missing:
+        raise PlanError(f"the executed plan has no entry for variable(s) {missing}",
+                        hint="is the run from another model? Compare it with this model's profile")
+    served = [v if r.kind is v.kind else replace(v, kind=r.kind) for v, r in zip(profile.variables, ran)]
+    costs = [variable_cost(v, cluster) for v in served]
+    own = _total(executed.architecture, profile, cluster, costs, [r.method for r in ran])
+    ar = _total("ar", profile, cluster, costs, _methods(costs, Architecture.AR))
+    ps = _total("ps", profile, cluster, costs, _methods(costs, Architecture.PS))
+    return _with_speedups(own, ar, ps)
+
+
 def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovod: bool = False) -> dict:
     """``{Architecture.AR, .PS, .HYBRID, .AUTO, SPARSE_AS_DENSE: Estimate}`` on ``cluster``.
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import html as _html
 
 from .. import labels
+from ..executed import ExecutedPlan
 from ..plan import RECORDED_COSTS
-from ..types import format_bandwidth, format_bytes
+from ..types import Kind, Method, format_bandwidth, format_bytes
 from . import charts
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -63,7 +64,7 @@ CSS = """
 .pxr.pxr tr.chosen td + td { box-shadow: none; }
 .pxr tfoot td { font-weight: 600; border-top: 2px solid var(--pxr-border-strong); }
 .pxr .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 0.8em; font-weight: 600; color: #fff; white-space: nowrap; }
-""" + "".join(f".pxr .badge.{key} {{ background: {labels.colour(key)}; }}\n" for key in ("ps", "ar", "sparse", "dense")) + """
+""" + "".join(f".pxr .badge.{key} {{ background: {labels.colour(key)}; }}\n" for key in (*(m.value for m in Method), *(k.value for k in Kind))) + """
 .pxr .err-small, .pxr .err-mid, .pxr .err-big { font-weight: 600; }
 .pxr .err-mid::after { content: " \\25B2"; color: #b35900; } .pxr .err-big::after { content: " \\25B2\\25B2"; color: #c53030; }
 .pxr ul.assumptions li { margin: 3px 0; }
@@ -257,6 +258,17 @@ def _charts(data: dict) -> str:
     return f"<h2>Charts</h2>{bars}{curve}"
 
 
+def _plan_changes(executed: dict | None) -> str:
+    """What the run changed from the plan, each change with its reason (from its executed plan)."""
+    if not executed:
+        return ""
+    lines = ExecutedPlan.from_dict(executed).change_lines()
+    if not lines:
+        return '<p class="plan-changes muted">The run executed the plan as given.</p>'
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return f'<h3>What the run changed from the plan</h3><ul class="plan-changes">{items}</ul>'
+
+
 def _measured(data: dict) -> str:
     m = data.get("measured")
     if not m:
@@ -280,7 +292,7 @@ def _measured(data: dict) -> str:
                           v["measured_bytes_per_step"], v["error_pct"], fmt_bytes, "name") for v in m["variables"])
     warnings = "".join(f'<div class="warn">{esc(w)}</div>' for w in m.get("warnings", []))
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
-            f"<p>{esc(m['basis'])}</p>"
+            f"<p>{esc(m['basis'])}</p>{_plan_changes(m.get('executed_plan'))}"
             f'<div class="scroll"><table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table></div>'
             f'<h3>Per variable (bytes sent + received per machine per step)</h3>'
             f'<div class="scroll"><table class="measured-variables"><thead>{head}</thead><tbody>{per_var}</tbody></table></div>'

@@ -274,10 +274,6 @@ class Checkpoint:
     def weight_names(self) -> list[str]:
         return list(self.meta["weights"])
 
-    @property
-    def optimizer_keys(self) -> list[str]:
-        return list(self.meta["optimizer"])
-
 
 def load(path: str, verify: bool = False) -> Checkpoint:
     """Open the checkpoint at ``path``; with ``verify``, check every file's checksum first."""

@@ -9,7 +9,7 @@ Called by ``%load_ext parallax_nb`` and by ``import parallax_nb`` inside IPython
   timer (:mod:`.progress_view`), imported only when the first one begins, so importing
   parallax_nb stays instant;
 - a :class:`~parallax_nb.planner.Planner` shows as a :class:`.PlannerView` and a
-  :class:`~parallax_nb.cluster.run.Run` as a live :class:`.RunView` (IPython display formatters
+  :class:`~parallax_nb.cluster.handle.Run` as a live :class:`.RunView` (IPython display formatters
   registered by class name here, so the models' rooms never import widgets).
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _register_displays(shell) -> None:
     if formatter is None:
         return
     formatter.for_type_by_name("parallax_nb.planner", "Planner", show_planner)
-    formatter.for_type_by_name("parallax_nb.cluster.run", "Run", show_run)
+    formatter.for_type_by_name("parallax_nb.cluster.handle", "Run", show_run)
 
 
 def install(shell) -> None:

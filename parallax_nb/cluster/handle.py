@@ -271,6 +271,15 @@ class Run:
             return "BatchNorm statistics per rank, not of the global batch (Job(sync_batch_norm=False))"
         return None
 
+    @property
+    def plan_changes(self) -> list[str]:
+        """What the ranks changed from the plan, one sentence with its reason each (from the
+        executed plan in the run's summary; empty before the run ends or when nothing changed)."""
+        from ..executed import ExecutedPlan
+
+        executed = (self._summary or {}).get("executed_plan")
+        return ExecutedPlan.from_dict(executed).change_lines() if executed else []
+
     def summary(self) -> dict:
         """Rank 0's run summary (schema ``parallax_nb.run``); raises if the run has none yet."""
         if self._summary is None:
