@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS
+
 
 @dataclass(frozen=True)
 class Label:
@@ -34,12 +36,12 @@ LABELS: dict[str, Label] = {
     "ar": Label("AR", "#2f6bb3", "allreduce: every rank averages whole gradients (sparse ones are allgathered)"),
     "hybrid": Label("HYBRID", "#247a3d", "AR for dense variables, PS for sparse ones (Parallax)"),
     "auto": Label("AUTO", "#6f42c1", "per variable, the cheaper of PS and AR by the cost model"),
-    "sparse_as_dense": Label(SPARSE_AS_DENSE_TEXT, "#5f6b7a",
-                             "Horovod with sparse_as_dense=True: sparse gradients densified, then allreduced"),
-    "horovod": Label(PLAIN_HOROVOD_TEXT, "#3d4451",
-                     "Horovod's defaults: sparse gradients allgathered with their duplicate rows"),
-    "tf_ps": Label("TF parameter servers", "#7a4a14",
-                   "TensorFlow's parameter servers: every variable on servers, each worker pushes and pulls on its own"),
+    SPARSE_AS_DENSE: Label(SPARSE_AS_DENSE_TEXT, "#5f6b7a",
+                           "Horovod with sparse_as_dense=True: sparse gradients densified, then allreduced"),
+    PLAIN_HOROVOD: Label(PLAIN_HOROVOD_TEXT, "#3d4451",
+                         "Horovod's defaults: sparse gradients allgathered with their duplicate rows"),
+    TF_PS: Label("TF parameter servers", "#7a4a14",
+                 "TensorFlow's parameter servers: every variable on servers, each worker pushes and pulls on its own"),
     "sparse": Label("SPARSE", "#1f7a70", "a step touches only some rows (the gradient is tf.IndexedSlices)"),
     "dense": Label("DENSE", "#5f6b7a", "every step produces a full gradient"),
 }

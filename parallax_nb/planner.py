@@ -193,7 +193,7 @@ class Planner:
         return self._apply(replace(self._inputs, partitions=overrides))
 
     def set_method(self, variable: str, method: "str | Method | None") -> "Planner":
-        """Force ``variable`` to ``"ps"`` or ``"ar"`` whatever the architecture (None: no override)."""
+        """Force ``variable`` to ``method`` whatever the architecture (None: no override)."""
         overrides = dict(self._inputs.methods)
         if method is None:
             overrides.pop(variable, None)

@@ -44,8 +44,12 @@ def _rounds(collective: str, n: int, cluster: ClusterSpec) -> int:
     return 0 if cluster.machines == 1 else rounds(collective, n)
 
 
-def _aggregated(cluster: ClusterSpec) -> bool:
-    return cluster.local_aggregation and cluster.workers_per_machine > 1
+def _two_level(cluster: ClusterSpec, flat: tuple, machine: int, cross: int) -> tuple:
+    """``flat`` collectives among all ranks, or, with local aggregation on G > 1 ranks per
+    machine, ``machine`` alltoalls inside the machine and ``cross`` among one local index."""
+    if cluster.local_aggregation and cluster.workers_per_machine > 1:
+        return Collective("alltoall", machine, "machine"), Collective("alltoall", cross, "cross")
+    return flat
 
 
 def ar_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
@@ -59,12 +63,9 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Allgatherv of the deduplicated rows: ``2 a m (n-1)`` + indices ``2 * 8 a R (n-1)``."""
     n, scale, alpha = _shape(var, cluster)
     index = allgather_index_bytes(alpha, var.rows, n) * scale
-    if _aggregated(cluster):
-        collectives = (Collective("alltoall", 4, "machine"), Collective("alltoall", 2, "cross"))
-    else:
-        collectives = (Collective("allgather", 2, "all"),)
     return MethodCost(allgather_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                      _rounds("allgather", n, cluster), collectives)
+                      _rounds("allgather", n, cluster),
+                      _two_level(cluster, (Collective("allgather", 2, "all"),), machine=4, cross=2))
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
@@ -79,12 +80,9 @@ def ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     (alltoalls of ids, rows and row gradients)."""
     n, scale, alpha = _shape(var, cluster)
     index = ps_index_bytes(alpha, var.rows, n) * scale
-    if _aggregated(cluster):
-        collectives = (Collective("alltoall", 3, "machine"), Collective("alltoall", 3, "cross"))
-    else:
-        collectives = (Collective("alltoall", 3, "all"),)
     return MethodCost(ps_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                      _rounds("ps_sparse", n, cluster), collectives)
+                      _rounds("ps_sparse", n, cluster),
+                      _two_level(cluster, (Collective("alltoall", 3, "all"),), machine=3, cross=3))
 
 
 METHOD_COSTS: Mapping[tuple[Method, Kind], CostFunction] = {
