@@ -3,7 +3,7 @@
 One command runs, on this machine, for the same model, data and per-rank batch:
 
   horovod     plain Horovod, DistributedGradientTape with defaults (sparse gradients allgathered)
-  horovod_sad plain Horovod, sparse_as_dense=True (sparse gradients densified and allreduced)
+  sparse_as_dense plain Horovod, sparse_as_dense=True (sparse gradients densified and allreduced)
   ar ps hybrid auto   parallax_nb's runtime with make_plan(profile, cluster, architecture)
 
 for the LM (LM1B-shaped: wide embedding and sampled-softmax tables dominate the bytes, a modest
@@ -45,12 +45,12 @@ from parallax_nb.types import ClusterSpec, Profile  # noqa: E402
 
 import report  # noqa: E402
 
-BASELINES = {"horovod": False, "horovod_sad": True}
+HOROVOD_CONFIGS = {"horovod": False, "sparse_as_dense": True}
 # a CNN step is ~20x shorter than an LM step: its timed windows get more steps, so that each
 # lasts about a second and the median is not at the mercy of one scheduler hiccup
 WINDOW_SCALE = {"cnn": 6}
 ARCHITECTURES = ("ar", "ps", "hybrid", "auto")
-ALL_CONFIGS = (*BASELINES, *ARCHITECTURES)
+ALL_CONFIGS = (*HOROVOD_CONFIGS, *ARCHITECTURES)
 
 # LM1B-shaped at a size 2 cores train in seconds: vocabulary 100,000 x 256 for the input
 # embedding and for the sampled softmax (2 x 102 MB: the sparse variables, 99.6% of the
@@ -215,14 +215,14 @@ def duplicates(profile: Profile, plans: dict[str, str], configs: list[str]) -> d
 
     A parallax plan with the same method and partitions for every variable as an earlier
     plan (e.g. AUTO = HYBRID on the LM; HYBRID = AR on the all-dense CNN), and
-    ``horovod_sad`` on a model without sparse variables (sparse_as_dense changes nothing).
+    ``sparse_as_dense`` on a model without sparse variables (sparse_as_dense changes nothing).
     They are run once and reported twice, marked "same as".
     """
     from parallax_nb.plan import Plan
 
     out, seen = {}, {}
     for c in configs:
-        if c == "horovod_sad" and not any(v.is_sparse for v in profile.variables) and "horovod" in configs:
+        if c == "sparse_as_dense" and not any(v.is_sparse for v in profile.variables) and "horovod" in configs:
             out[c] = "horovod"
         elif c in plans:
             with open(plans[c]) as f:
@@ -242,7 +242,7 @@ def predictions(profile: Profile, spec: ClusterSpec) -> dict:
     est = compare_architectures(profile, spec)
     out = {arch: est[arch].bytes_per_machine_per_step for arch in ARCHITECTURES}
     out["horovod"] = est["ar"].bytes_per_machine_per_step
-    out["horovod_sad"] = est[SPARSE_AS_DENSE].bytes_per_machine_per_step
+    out["sparse_as_dense"] = est[SPARSE_AS_DENSE].bytes_per_machine_per_step
     out["sparse"] = {arch: est[arch].sparse_bytes_per_machine_per_step for arch in ARCHITECTURES}
     return out
 
@@ -262,9 +262,9 @@ def run_setting(name: str, spec: dict, profile: Profile, configs: list[str], mac
     for c in configs:
         if c in same_as:
             continue
-        if c in BASELINES:
-            config_list.append({"name": c, "kind": "horovod", "sparse_as_dense": BASELINES[c]})
-            if BASELINES[c] and args.sad_steps:
+        if c in HOROVOD_CONFIGS:
+            config_list.append({"name": c, "kind": "horovod", "sparse_as_dense": HOROVOD_CONFIGS[c]})
+            if HOROVOD_CONFIGS[c] and args.sad_steps:
                 config_list[-1]["schedule"] = {"warmup_steps": 1, "steps_per_repeat": args.sad_steps}
         else:
             config_list.append({"name": c, "kind": "parallax", "plan": plans[c]})
@@ -283,7 +283,7 @@ def run_setting(name: str, spec: dict, profile: Profile, configs: list[str], mac
             "prediction": predictions(profile, per_rank),
             "link_prediction": None if bandwidth is None else {
                 **predictions(profile, plan_spec),
-                **{c: predictions(profile, plan_spec.replace(local_aggregation=False))[c] for c in BASELINES}},
+                **{c: predictions(profile, plan_spec.replace(local_aggregation=False))[c] for c in HOROVOD_CONFIGS}},
             "sparse_variables": [v.name for v in profile.variables if v.is_sparse],
             "configs": results}
 
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
     parser.add_argument("--sad-steps", type=int, default=2,
-                        help="steps per window (after 1 warm-up step) for horovod_sad, whose densified "
+                        help="steps per window (after 1 warm-up step) for sparse_as_dense, whose densified "
                              "tables make each step slow (0: the common schedule)")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300,
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     print()
     print(report.render(doc))
     if args.json:
-        from parallax_nb.io import atomic_write_text
+        from parallax_nb.jsonfile import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(doc, indent=1))
         print(f"\nwrote {args.json}")

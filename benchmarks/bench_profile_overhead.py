@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     print(f"  estimate: interleaved wall ratio + statistics / (k * median plain step) = {estimate:.3f}")
     print(f"  target <= {TARGET_RATIO}: {'met' if estimate <= TARGET_RATIO else 'NOT met'}")
     if args.json:
-        from parallax_nb.io import atomic_write_text
+        from parallax_nb.jsonfile import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(result, indent=2))
     return 0 if estimate <= TARGET_RATIO else 1

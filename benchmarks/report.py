@@ -21,8 +21,10 @@ import os
 import platform
 import statistics
 
-NAMES = {"horovod": "Horovod (default)", "horovod_sad": "Horovod sparse_as_dense", "ar": "parallax AR",
-         "ps": "parallax PS", "hybrid": "parallax HYBRID", "auto": "parallax AUTO"}
+from parallax_nb import labels
+
+NAMES = {"horovod": labels.text("horovod"), "sparse_as_dense": labels.text("sparse_as_dense"),
+         **{key: f"parallax {labels.text(key)}" for key in ("ar", "ps", "hybrid", "auto")}}
 TARGETS = {
     "sparse_bytes_ratio": 1.8,       # LM, 4 ranks: Horovod sparse bytes / HYBRID sparse bytes >=
     "prediction_tolerance": 0.05,    # |accounted / predicted - 1| <=
@@ -75,7 +77,7 @@ def setting_rows(setting: dict) -> list[dict]:
         acct = median_of(config, "accounted_bytes_per_rank_per_step")
         pred = setting["prediction"].get(name, float("nan"))
         link_pred = (setting.get("link_prediction") or {}).get(name, float("nan"))
-        if setting["bandwidth"] and name not in ("horovod", "horovod_sad"):
+        if setting["bandwidth"] and name not in ("horovod", "sparse_as_dense"):
             # parallax counts only bytes to other machines: its share of the machine's figure
             pred = link_pred / setting["workers_per_machine"]
         rows.append({
@@ -185,7 +187,7 @@ def render_setting(setting: dict) -> str:
         sched = config.get("schedule")
         if sched and not config.get("same_as"):
             lines.append(f"  {NAMES.get(name, name)}: {sched['warmup_steps']} warm-up step(s), "
-                         f"{sched['repeats']} windows x {sched['steps_per_repeat']} steps") if name == "horovod_sad" else None
+                         f"{sched['repeats']} windows x {sched['steps_per_repeat']} steps") if name == "sparse_as_dense" else None
     settle = [(name, settling(c)) for name, c in setting["configs"].items()
               if "error" not in c and not c.get("same_as")]
     settle = [(n, x) for n, x in settle if x == x]
@@ -196,7 +198,7 @@ def render_setting(setting: dict) -> str:
     if hy:
         parts = []
         measure = "link" if setting["bandwidth"] else "accounted"  # on a network: what the links carried
-        for other in ("horovod", "horovod_sad", "ps"):
+        for other in ("horovod", "sparse_as_dense", "ps"):
             o = _row(setting, other)
             if o:
                 parts.append(f"vs {NAMES[other]}: {_ratio(hy['examples_per_s'], o['examples_per_s']):.2f}x throughput, "
@@ -250,7 +252,7 @@ RESULTS_HEADING = "## Latest results"
 
 def update_readme(path: str, doc: dict) -> None:
     """Replace everything from the "Latest results" heading on with this run's table."""
-    from parallax_nb.io import atomic_write_text
+    from parallax_nb.jsonfile import atomic_write_text
 
     with open(path) as f:
         text = f.read()

@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         parser.error("--runs, --warmup, --steps and --engines must be >= 1")
 
     from parallax_nb.cluster import Cluster
-    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.runtime.reference import default_plan
     from parallax_nb.workloads import lm_job
 
     tmp_dir = tempfile.mkdtemp(prefix="parallax_nb-soak-")

@@ -17,7 +17,7 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # public name -> (module, attribute); attribute None means the module itself
 _EXPORTS = {
@@ -36,8 +36,8 @@ _EXPORTS = {
     "estimate": ("parallax_nb.cost", "estimate"),
     "compare_architectures": ("parallax_nb.cost", "compare_architectures"),
     "profile": ("parallax_nb.profile", "profile_job"),
-    "plan": ("parallax_nb.widgets", "plan"),
-    "Planner": ("parallax_nb.widgets", "Planner"),
+    "plan": ("parallax_nb.planner", "plan"),
+    "Planner": ("parallax_nb.planner", "Planner"),
     "run": ("parallax_nb.cluster", "run"),
     "Cluster": ("parallax_nb.cluster", "Cluster"),
     "Run": ("parallax_nb.cluster", "Run"),

@@ -4,7 +4,7 @@ Every view (widgets, the HTML report, the command line, the notebooks) names and
 method or an architecture from this table, so "PS" is the same word and the same orange
 everywhere and sparse-as-dense has one name. Keys are the values the rest of the package
 uses: ``Method.value`` ("ps", "ar"), ``Architecture.value`` ("ar", "ps", "hybrid", "auto"),
-``types.SPARSE_AS_DENSE`` and ``types.PLAIN_HOROVOD``, ``Kind.value`` ("sparse", "dense").
+the baseline keys ``types.BASELINE_KEYS``, ``Kind.value`` ("sparse", "dense").
 Badges are capitals everywhere: PS, AR, HYBRID, AUTO, SPARSE, DENSE.
 
 Colours carry white badge text at a contrast of at least 4.5:1 (WCAG AA), so a badge reads
@@ -13,6 +13,8 @@ the same on a light and a dark page; text on the page itself uses the theme's co
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,12 @@ LABELS: dict[str, Label] = {
     "ar": Label("AR", "#2f6bb3", "allreduce: every rank averages whole gradients (sparse ones are allgathered)"),
     "hybrid": Label("HYBRID", "#247a3d", "AR for dense variables, PS for sparse ones (Parallax)"),
     "auto": Label("AUTO", "#6f42c1", "per variable, the cheaper of PS and AR by the cost model"),
-    "sparse_as_dense": Label(SPARSE_AS_DENSE_TEXT, "#5f6b7a",
-                             "Horovod with sparse_as_dense=True: sparse gradients densified, then allreduced"),
-    "horovod": Label(PLAIN_HOROVOD_TEXT, "#3d4451",
-                     "Horovod's defaults: sparse gradients allgathered with their duplicate rows"),
+    SPARSE_AS_DENSE: Label(SPARSE_AS_DENSE_TEXT, "#5f6b7a",
+                           "Horovod with sparse_as_dense=True: sparse gradients densified, then allreduced"),
+    PLAIN_HOROVOD: Label(PLAIN_HOROVOD_TEXT, "#3d4451",
+                         "Horovod's defaults: sparse gradients allgathered with their duplicate rows"),
+    TF_PS: Label("TF parameter servers", "#7a4a14",
+                 "TensorFlow's parameter servers: every variable on servers, each worker pushes and pulls on its own"),
     "sparse": Label("SPARSE", "#1f7a70", "a step touches only some rows (the gradient is tf.IndexedSlices)"),
     "dense": Label("DENSE", "#5f6b7a", "every step produces a full gradient"),
 }

@@ -27,11 +27,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import traceback
 from typing import Any, Callable, Sequence
 
 from .errors import ConfigError, DistributedError, SetupError
+from .failures import mpi_rank, read_failures, report_rank_failure
 
 #: Environment variables forwarded to every rank with ``-x`` (needed on remote hosts only;
 #: local ranks inherit mpirun's environment anyway).
@@ -46,21 +45,6 @@ LOCAL_BTL = "self,vader"
 def in_mpi_job() -> bool:
     """True inside a rank started by Open MPI (mpirun, horovodrun, ipyparallel MPI engines)."""
     return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
-
-
-def mpi_rank() -> int:
-    """This process's rank in MPI_COMM_WORLD from the launcher's environment (0 outside MPI)."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 0
-
-
-def mpi_size() -> int:
-    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if name in os.environ:
-            return int(os.environ[name])
-    return 1
 
 
 def _check_np(np: Any) -> int:
@@ -303,7 +287,7 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
             kill_process_group(proc)
             pump.join(timeout=5)
         output = pump.text
-        failures = _read_failures(workdir)
+        failures = read_failures(workdir)
         if failures:
             rank, _, text = failures[0]
             others = f" (ranks that also failed: {[r for r, _, _ in failures[1:]]})" if len(failures) > 1 else ""
@@ -326,38 +310,6 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _read_failures(workdir: str) -> list[tuple[int, float, str]]:
-    """(rank, time, traceback) of every rank that wrote an error file, earliest first."""
-    failures = []
-    for name in os.listdir(workdir):
-        if name.startswith("error-") and name.endswith(".txt"):
-            with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
-                first, _, text = f.read().partition("\n")
-            failures.append((int(name[6:-4]), float(first or 0), text))
-    return sorted(failures, key=lambda f: (f[1], f[0]))
-
-
-def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:
-    """Print why this rank failed to stderr (and to ``out_dir/error-<rank>.txt``); return it:
-    the traceback, or only the message of a :class:`ParallaxError` (which names the problem)."""
-    from .errors import ParallaxError
-
-    rank = mpi_rank()
-    if isinstance(exc, ParallaxError):  # our own message says it all: no traceback of our code
-        text = f"{type(exc).__name__}: {exc}\n"
-    else:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    message = f"[parallax_nb] rank {rank} failed:\n{text}"
-    sys.stderr.write(message)
-    sys.stderr.flush()
-    if out_dir is not None:
-        path = os.path.join(out_dir, f"error-{rank}.txt")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(f"{time.time():.6f}\n{text}")
-        os.replace(path + ".tmp", path)
-    return text
 
 
 def _rank_main(payload: str, out_dir: str) -> None:

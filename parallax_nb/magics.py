@@ -229,7 +229,7 @@ class ParallaxMagics(Magics):
             self._display(prof)
 
     def _do_plan(self, args) -> None:
-        from .widgets import plan as make_planner
+        from .planner import plan as make_planner
 
         _positive("--machines", args.machines)
         _positive("--workers-per-machine", args.workers_per_machine)
@@ -272,7 +272,7 @@ class ParallaxMagics(Magics):
         prof = self.last["profile"]
         if prof is not None and prof.model_name == job.name:
             return make_plan(prof, ClusterSpec(machines=args.engines), architecture)
-        from .cluster.dispatch import default_plan
+        from .runtime.reference import default_plan
 
         return default_plan(job, architecture.value)
 

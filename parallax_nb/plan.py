@@ -14,14 +14,15 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping
 
-from .cost.model import variable_cost
-from .cost.planner import check_partitions, choose_method, default_partitions, partitions_resolver
+from .cost.methods import variable_cost
+from .cost.choice import check_partitions, choose_method, default_partitions, partitions_resolver
 from .errors import ConfigError, ParallaxError, PlanError
-from .types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
+from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes, method_key
 
 PLAN_SCHEMA = "parallax_nb.plan"
 PLAN_SCHEMA_VERSION = 1
-_BYTE_FIELDS = ("ps_bytes_per_step", "ar_bytes_per_step", "sparse_as_dense_bytes_per_step")
+RECORDED_COSTS = (*(m.value for m in Method), SPARSE_AS_DENSE)  # each planned variable's bytes under these
+_BYTE_FIELDS = tuple(f"{key}_bytes_per_step" for key in RECORDED_COSTS)
 
 
 class UnknownVariableError(PlanError, KeyError):
@@ -36,7 +37,7 @@ def _parse_method(name: str, value: Any) -> Method:
         return value if isinstance(value, Method) else Method(str(value).strip().lower())
     except ValueError:
         raise PlanError(f"variable {name!r}: unknown method {value!r}",
-                        hint="a method is 'ps' (parameter server) or 'ar' (allreduce)") from None
+                        hint=f"a method is one of {Method.choices()}") from None
 
 
 def _parse_kind(name: str, value: Any) -> Kind:
@@ -63,10 +64,11 @@ def _optional_number(name: str, label: str, value: Any, upper: float | None = No
 class VariablePlan:
     """One variable's method and partitions, with what the cost model said about it.
 
-    ``alpha`` is the profiled fraction of rows one worker touches per step; the three
-    ``*_bytes_per_step`` are bytes sent + received per machine per step under PS, AR and
-    sparse-as-dense AR on the plan's cluster. They are None for a plan made without a profile.
-    ``partitions`` is the number of server partitions when the method is PS (AR ignores it).
+    ``alpha`` is the profiled fraction of rows one worker touches per step; ``costs`` maps
+    each key of :data:`RECORDED_COSTS` (every method and sparse-as-dense AR) to the bytes sent +
+    received per machine per step on the plan's cluster (JSON: ``"<key>_bytes_per_step"``).
+    It is empty for a plan made without a profile. ``partitions`` is the number of server
+    partitions when the method is PS (AR ignores it).
     """
 
     name: str
@@ -75,9 +77,7 @@ class VariablePlan:
     partitions: int = 1
     alpha: float | None = None
     size_bytes: int | None = None
-    ps_bytes_per_step: float | None = None
-    ar_bytes_per_step: float | None = None
-    sparse_as_dense_bytes_per_step: float | None = None
+    costs: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -87,18 +87,24 @@ class VariablePlan:
         object.__setattr__(self, "partitions", check_partitions(self.name, self.partitions))
         _optional_number(self.name, "alpha", self.alpha, upper=1.0)
         _optional_number(self.name, "size_bytes", self.size_bytes)
-        for label in _BYTE_FIELDS:
-            _optional_number(self.name, label, getattr(self, label))
+        costs = {method_key(k): v for k, v in dict(self.costs or {}).items() if v is not None}
+        for key, value in costs.items():
+            _optional_number(self.name, f"{key}_bytes_per_step", value)
+        object.__setattr__(self, "costs", costs)
+
+    def bytes_for(self, method: "Method | str") -> float | None:
+        """Bytes per machine per step under ``method`` (None without a profile)."""
+        return self.costs.get(method_key(method))
 
     @property
     def bytes_per_step(self) -> float | None:
         """Bytes per machine per step under the chosen method (None without a profile)."""
-        return self.ps_bytes_per_step if self.method is Method.PS else self.ar_bytes_per_step
+        return self.bytes_for(self.method)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind.value, "method": self.method.value,
                 "partitions": self.partitions, "alpha": self.alpha, "size_bytes": self.size_bytes,
-                **{label: getattr(self, label) for label in _BYTE_FIELDS}}
+                **{f"{key}_bytes_per_step": self.costs.get(key) for key in RECORDED_COSTS}}
 
     @classmethod
     def from_dict(cls, d: Any, position: int = 0) -> "VariablePlan":
@@ -111,7 +117,8 @@ class VariablePlan:
         unknown = set(d) - {"name", "kind", "method", "partitions", "alpha", "size_bytes", *_BYTE_FIELDS}
         if unknown:
             raise PlanError(f"plan variable {name!r} has unknown field(s) {sorted(unknown)}")
-        return cls(**d)
+        plain = {k: v for k, v in d.items() if k not in _BYTE_FIELDS}
+        return cls(**plain, costs={key: d.get(f"{key}_bytes_per_step") for key in RECORDED_COSTS})
 
 
 @dataclass(frozen=True)
@@ -237,7 +244,7 @@ class Plan:
             method = _parse_method(v.name, methods.get(v.name, v.method))
             if v.name in partitions:
                 parts = check_partitions(v.name, partitions[v.name])
-            elif method is Method.PS and v.method is Method.AR and v.partitions == 1:
+            elif method.partitioned and not v.method.partitioned and v.partitions == 1:
                 parts = default_partitions(self.cluster)
             else:
                 parts = v.partitions
@@ -260,7 +267,7 @@ class Plan:
 
     def to_json(self, path: str | None = None) -> str:
         """The plan as JSON text; with ``path``, also written there atomically."""
-        from .io import dump_json
+        from .jsonfile import dump_json
 
         return dump_json(self.to_dict(), path)
 
@@ -303,7 +310,7 @@ class Plan:
     @classmethod
     def from_json(cls, path_or_text: str, variable_names: Iterable[str] | None = None) -> "Plan":
         """Load a plan from a path or JSON text; errors name the file and the problem (PlanError)."""
-        from .io import load_json
+        from .jsonfile import load_json
 
         try:
             data = load_json(path_or_text, what="plan")
@@ -339,8 +346,8 @@ class Plan:
             return format_bytes(x) if x is not None else "-"
         for v in self.variables:
             alpha = f"{v.alpha:.4f}" if v.alpha is not None else "-"
-            lines.append(f"  {v.name:<{width}}  {v.kind.value:<6}  {alpha:>8}  {fmt(v.ps_bytes_per_step):>10}  "
-                         f"{fmt(v.ar_bytes_per_step):>10}  {v.method.value:<6}  {v.partitions:>10}")
+            lines.append(f"  {v.name:<{width}}  {v.kind.value:<6}  {alpha:>8}  {fmt(v.bytes_for(Method.PS)):>10}  "
+                         f"{fmt(v.bytes_for(Method.AR)):>10}  {v.method.value:<6}  {v.partitions:>10}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -361,7 +368,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
 
     AR / PS: every variable that method; HYBRID: PS for sparse, AR for dense; AUTO: per
     variable, the method with fewer bytes per machine per step (ties to AR), see
-    :mod:`parallax_nb.cost.planner`. ``partitions``: an int for every PS variable, a mapping
+    :mod:`parallax_nb.cost.choice`. ``partitions``: an int for every PS variable, a mapping
     name -> P, or None (one partition per worker for PS variables). ``local_aggregation``
     overrides the cluster's setting (None keeps it). Each VariablePlan records the PS, AR
     and sparse-as-dense bytes from :func:`parallax_nb.cost.variable_cost`.
@@ -383,8 +390,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
         planned.append(VariablePlan(
             name=var.name, kind=var.kind, method=method, partitions=resolve(var.name, method),
             alpha=min(max(var.alpha_mean, 0.0), 1.0), size_bytes=var.size_bytes,
-            ps_bytes_per_step=cost.ps_bytes_per_step, ar_bytes_per_step=cost.ar_bytes_per_step,
-            sparse_as_dense_bytes_per_step=cost.sparse_as_dense_bytes_per_step,
+            costs={key: cost.bytes_for(key) for key in RECORDED_COSTS},
         ))
     return Plan(model_name=profile.model_name, architecture=architecture, cluster=cluster,
                 variables=tuple(planned), local_aggregation=cluster.local_aggregation)

@@ -10,11 +10,13 @@ import enum
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import ConfigError, ProfileError
 
 PROFILE_SCHEMA_VERSION = 1
+RUN_SCHEMA = "parallax_nb.run"  # a run's summary (run.json), written by the runtime, read by reports
+RUN_SCHEMA_VERSION = 1
 MAX_LOCAL_WORKERS = 8  # G = 1..8 workers per machine are profiled for local aggregation
 
 
@@ -30,6 +32,16 @@ class Method(str, enum.Enum):
 
     AR = "ar"
     PS = "ps"
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether a variable under this method is split into server partitions (PS); AR keeps it whole."""
+        return self is Method.PS
+
+    @classmethod
+    def choices(cls) -> str:
+        """``"'ar', 'ps'"``: the methods as a user writes them, for error hints."""
+        return ", ".join(repr(m.value) for m in cls)
 
 
 class Architecture(str, enum.Enum):
@@ -185,7 +197,7 @@ class Profile:
         }
 
     def to_json(self, path: str | None = None) -> str:
-        from .io import dump_json
+        from .jsonfile import dump_json
 
         return dump_json(self.to_dict(), path)
 
@@ -211,7 +223,7 @@ class Profile:
 
     @classmethod
     def from_json(cls, path_or_text: str) -> "Profile":
-        from .io import load_json
+        from .jsonfile import load_json
         return cls.from_dict(load_json(path_or_text, what="profile"))
 
     def dataframe(self):
@@ -359,10 +371,6 @@ class ClusterSpec:
                 f"local aggregation {'on' if self.local_aggregation else 'off'}")
 
 
-def names_of(items: Iterable[Any]) -> list[str]:
-    return [getattr(i, "name", str(i)) for i in items]
-
-
 # ---------------------------------------------------------------------------------------------
 # Cost value types (computed by parallax_nb.cost; appended by the cost-model owner).
 #
@@ -372,6 +380,31 @@ def names_of(items: Iterable[Any]) -> list[str]:
 
 SPARSE_AS_DENSE = "sparse_as_dense"  # the key of plain Horovod with sparse_as_dense=True in comparisons
 PLAIN_HOROVOD = "horovod"  # the key of plain Horovod's defaults (sparse gradients allgathered with duplicates)
+TF_PS = "tf_ps"  # the key of TensorFlow's parameter servers: every worker pushes and pulls on its own
+BASELINE_KEYS = (SPARSE_AS_DENSE, PLAIN_HOROVOD, TF_PS)
+
+
+@dataclass(frozen=True)
+class MethodCost:
+    """One variable's cost under one method (or baseline) on one ClusterSpec, per step.
+
+    ``bytes_per_step`` is what one machine's link sends plus receives, ``index_bytes_per_step``
+    the int64 row indices among them; ``messages_per_step`` the sequential message rounds of
+    the variable's own collective(s) (:mod:`parallax_nb.cost.model`); ``collectives`` the calls
+    the runtime issues; ``fused_allreduce`` marks a dense allreduce that Horovod fuses with the
+    step's other dense allreduces into one call (its rounds are then counted once per step).
+    """
+
+    bytes_per_step: float
+    index_bytes_per_step: float
+    messages_per_step: int
+    collectives: tuple[Collective, ...] = ()
+    fused_allreduce: bool = False
+
+
+def method_key(method: Any) -> str:
+    """``"ps"``, ``"ar"`` or a baseline key from a Method or its text."""
+    return str(_enum_value(method)).lower()
 
 
 @dataclass(frozen=True)
@@ -381,12 +414,9 @@ class VariableCost:
     ``participants`` take part in each collective (machines with local aggregation, every
     worker without); ``participants_per_machine`` of them share one machine's link. ``alpha``
     is the fraction of rows one participant sends (the union of a machine's G workers with
-    local aggregation, one worker's otherwise; 1 for a dense variable). ``*_index_bytes_*`` are
-    the int64 row indices, already included in ``ps_bytes_per_step`` / ``ar_bytes_per_step``.
-    ``*_messages_per_step`` count sequential message rounds of that variable's own collective(s)
-    (see :mod:`parallax_nb.cost.model`). ``horovod_bytes_per_step`` is plain Horovod's default
-    for a sparse gradient: the ``IndexedSlices`` allgathered as TensorFlow made it, one row per
-    lookup with duplicates (the AR figure dedupes first); for a dense variable it is the AR figure.
+    local aggregation, one worker's otherwise; 1 for a dense variable). ``methods`` maps every
+    ``Method.value`` and every baseline key (:data:`BASELINE_KEYS`) to its :class:`MethodCost`,
+    from the table :data:`parallax_nb.cost.methods.METHOD_COSTS` and its ``BASELINES``.
     """
 
     name: str
@@ -396,33 +426,32 @@ class VariableCost:
     alpha: float
     participants: int
     participants_per_machine: int
-    ps_bytes_per_step: float
-    ar_bytes_per_step: float
-    sparse_as_dense_bytes_per_step: float
-    ps_index_bytes_per_step: float
-    ar_index_bytes_per_step: float
-    ps_messages_per_step: int
-    ar_messages_per_step: int
-    horovod_bytes_per_step: float = 0.0
+    methods: dict = field(default_factory=dict, hash=False)
 
     @property
     def cheaper_method(self) -> Method:
-        """PS when it moves strictly fewer bytes than AR; ties (also: nothing moves) go to AR."""
-        ps, ar = self.ps_bytes_per_step, self.ar_bytes_per_step
-        if ps < ar and not math.isclose(ps, ar, rel_tol=1e-12, abs_tol=1e-9):
-            return Method.PS
-        return Method.AR
+        """The method that moves strictly fewer bytes; ties (also: nothing moves) go to the first
+        in :class:`Method`'s order (AR)."""
+        best = next(iter(Method))
+        for method in Method:
+            low, here = self.bytes_for(best), self.bytes_for(method)
+            if here < low and not math.isclose(here, low, rel_tol=1e-12, abs_tol=1e-9):
+                best = method
+        return best
+
+    def cost_of(self, method: "Method | str") -> MethodCost:
+        return self.methods[method_key(method)]
 
     def bytes_for(self, method: "Method | str") -> float:
-        return self.ps_bytes_per_step if Method(_enum_value(method)) is Method.PS else self.ar_bytes_per_step
-
-    def index_bytes_for(self, method: "Method | str") -> float:
-        return (self.ps_index_bytes_per_step if Method(_enum_value(method)) is Method.PS
-                else self.ar_index_bytes_per_step)
+        return self.cost_of(method).bytes_per_step
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "methods"}
         d["kind"] = self.kind.value
+        for key, cost in self.methods.items():
+            d[f"{key}_bytes_per_step"] = cost.bytes_per_step
+            d[f"{key}_index_bytes_per_step"] = cost.index_bytes_per_step
+            d[f"{key}_messages_per_step"] = cost.messages_per_step
         return d
 
 
@@ -430,8 +459,9 @@ class VariableCost:
 class Estimate:
     """Estimated cost of one whole-model choice of methods on one ClusterSpec.
 
-    ``architecture`` is ``"ar" | "ps" | "hybrid" | "auto"``, :data:`SPARSE_AS_DENSE` or
-    :data:`PLAIN_HOROVOD`.
+    ``architecture`` is ``"ar" | "ps" | "hybrid" | "auto"`` or a baseline key
+    (:data:`BASELINE_KEYS`). ``method_bytes_per_machine_per_step`` splits the bytes by the
+    method charged (``Method.value`` keys; a baseline charges everything to its own key).
     ``comm_time_s = transfer_time_s + latency_time_s`` with
     ``transfer_time_s = bytes_per_machine_per_step / (bandwidth_bps / 8)`` and
     ``latency_time_s = messages_per_step * latency_s``; ``step_time_s = compute_time_s +
@@ -445,8 +475,7 @@ class Estimate:
     cluster: ClusterSpec
     bytes_per_machine_per_step: float
     index_bytes_per_machine_per_step: float
-    ps_bytes_per_machine_per_step: float
-    ar_bytes_per_machine_per_step: float
+    method_bytes_per_machine_per_step: dict = field(hash=False)
     sparse_bytes_per_machine_per_step: float
     dense_bytes_per_machine_per_step: float
     messages_per_step: int
@@ -463,16 +492,14 @@ class Estimate:
 
     def bytes_by_variable(self) -> dict[str, float]:
         """Variable name -> bytes per machine per step under the method this estimate charged."""
-        def charged(c: VariableCost, m: Method) -> float:
-            if self.architecture == SPARSE_AS_DENSE:
-                return c.sparse_as_dense_bytes_per_step
-            if self.architecture == PLAIN_HOROVOD:
-                return c.horovod_bytes_per_step
-            return c.bytes_for(m)
-        return {c.name: charged(c, m) for c, m in zip(self.variables, self.methods)}
+        baseline = self.architecture if self.architecture in BASELINE_KEYS else None
+        return {c.name: c.bytes_for(baseline or m) for c, m in zip(self.variables, self.methods)}
 
     def to_dict(self, include_variables: bool = False) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("variables", "methods")}
+        skip = ("variables", "methods", "method_bytes_per_machine_per_step")
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        d.update({f"{key}_bytes_per_machine_per_step": moved
+                  for key, moved in self.method_bytes_per_machine_per_step.items()})
         d["cluster"] = self.cluster.to_dict()
         if include_variables:
             d["variables"] = [dict(c.to_dict(), method=m.value) for c, m in zip(self.variables, self.methods)]
@@ -485,3 +512,14 @@ class Estimate:
         if self.speedup_vs_ar is not None and self.speedup_vs_ps is not None:
             text += f", {self.speedup_vs_ar:.2f}x vs AR, {self.speedup_vs_ps:.2f}x vs PS"
         return text
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective a method issues per step: ``count`` calls of ``op`` among
+    ``participants`` ("all" ranks, one "machine"'s ranks, or "cross": one local index
+    on every machine)."""
+
+    op: str
+    count: int
+    participants: str = "all"

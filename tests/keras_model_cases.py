@@ -5,7 +5,8 @@ Models: a ``Sequential`` without ``keras.Input`` (built on first call), a subcla
 word2vec with its Embeddings made in ``__init__`` and dict inputs (its ``__init__`` takes a
 dataclass, so Keras cannot serialise it), a subclassed LM whose output projection is its
 input embedding (tied) and whose mixing layer is made in ``build()``, and a ``Sequential``
-with ``BatchNormalization``. Token ids come from small vocabularies, so rows repeat inside a
+with ``BatchNormalization``, and a ``Sequential`` whose own layer reads its table with
+``keras.ops.take`` (not through the runtime's lookup). Token ids come from small vocabularies, so rows repeat inside a
 batch and across ranks.
 """
 from __future__ import annotations
@@ -106,6 +107,25 @@ def batch_norm_sequential():
                              keras.layers.Dense(1)], name="bn")
 
 
+def raw_gather():
+    """A table read with ``keras.ops.take`` (``tf.gather`` underneath) in the user's own layer:
+    a sparse gradient the runtime's lookup router never sees, so a PS plan serves the table
+    whole (the executed plan says so)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+
+    class Gathered(keras.layers.Layer):
+        def build(self, input_shape):
+            self.table = self.add_weight(shape=(VOCAB, 4), initializer="random_normal", name="table")
+
+        def call(self, ids):
+            return keras.ops.take(self.table, keras.ops.cast(ids, "int32"), axis=0)
+
+    return keras.Sequential([Gathered(name="gathered"), keras.layers.GlobalAveragePooling1D(),
+                             keras.layers.Dense(1)], name="raw_gather")
+
+
 # ---------------------------------------------------------------------- losses, optimizers
 def logistic_loss(y, logits):
     import keras
@@ -135,6 +155,7 @@ MODELS = {
     "word2vec": (word2vec, pair_data, logistic_loss),
     "tied_lm": (tied_lm, next_token_data, next_token_loss),
     "batch_norm": (batch_norm_sequential, sequence_data, logistic_loss),
+    "raw_gather": (raw_gather, sequence_data, logistic_loss),
 }
 
 

@@ -245,7 +245,7 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
     fails with the engines' last output (Horovod's stall report names the missing tensors).
     """
     pytest.importorskip("parallax_nb.runtime.trainer")
-    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.runtime.reference import default_plan
 
     plan = default_plan(job, architecture)
     assert plan.ps_variables if architecture == "hybrid" else not plan.ps_variables
@@ -278,7 +278,7 @@ def _engine_rss_mib(cluster):
 def _engine_memory_growth(cluster, job, architecture, warmup, runs):
     """(RSS growth of each engine in MiB, of the runs after ``warmup``), ``runs`` runs of 2 steps."""
     pytest.importorskip("parallax_nb.runtime.trainer")
-    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.runtime.reference import default_plan
 
     plan = default_plan(job, architecture)
     for _ in range(warmup):     # the first runs of an engine import and trace

@@ -64,16 +64,16 @@ def test_hand_worked_sparse_and_dense_figures_to_the_byte():
     cluster = ClusterSpec(machines=8)
     c = variable_cost(sparse_var(), cluster)
     assert c.participants == 8 and c.participants_per_machine == 1 and c.alpha == pytest.approx(0.01)
-    assert c.ps_bytes_per_step == pytest.approx(910_000, abs=BYTE)
-    assert c.ps_index_bytes_per_step == pytest.approx(14_000, abs=BYTE)
-    assert c.ar_bytes_per_step == pytest.approx(3_696_000, abs=BYTE)
-    assert c.ar_index_bytes_per_step == pytest.approx(112_000, abs=BYTE)
-    assert c.sparse_as_dense_bytes_per_step == pytest.approx(89_600_000, abs=BYTE)
+    assert c.bytes_for("ps") == pytest.approx(910_000, abs=BYTE)
+    assert c.cost_of("ps").index_bytes_per_step == pytest.approx(14_000, abs=BYTE)
+    assert c.bytes_for("ar") == pytest.approx(3_696_000, abs=BYTE)
+    assert c.cost_of("ar").index_bytes_per_step == pytest.approx(112_000, abs=BYTE)
+    assert c.bytes_for("sparse_as_dense") == pytest.approx(89_600_000, abs=BYTE)
     assert c.cheaper_method is Method.PS
     d = variable_cost(dense_var(), cluster)
-    assert d.ps_bytes_per_step == pytest.approx(57_344, abs=BYTE)
-    assert d.ar_bytes_per_step == pytest.approx(57_344, abs=BYTE)
-    assert d.ps_index_bytes_per_step == d.ar_index_bytes_per_step == 0
+    assert d.bytes_for("ps") == pytest.approx(57_344, abs=BYTE)
+    assert d.bytes_for("ar") == pytest.approx(57_344, abs=BYTE)
+    assert d.cost_of("ps").index_bytes_per_step == d.cost_of("ar").index_bytes_per_step == 0
     assert d.cheaper_method is Method.AR  # a tie goes to AR
 
 
@@ -83,15 +83,15 @@ def test_figures_equal_the_documented_formulas(machines, alpha):
     var = sparse_var(alpha=alpha)
     m, rows, n = var.size_bytes, var.rows, machines
     c = variable_cost(var, ClusterSpec(machines=machines))
-    assert c.ps_bytes_per_step == pytest.approx(4 * alpha * m * (n - 1) / n + 2 * 8 * alpha * rows * (n - 1) / n,
+    assert c.bytes_for("ps") == pytest.approx(4 * alpha * m * (n - 1) / n + 2 * 8 * alpha * rows * (n - 1) / n,
                                                 abs=BYTE)
-    assert c.ar_bytes_per_step == pytest.approx(2 * alpha * m * (n - 1) + 2 * 8 * alpha * rows * (n - 1), abs=BYTE)
-    assert c.sparse_as_dense_bytes_per_step == pytest.approx(4 * m * (n - 1) / n, abs=BYTE)
+    assert c.bytes_for("ar") == pytest.approx(2 * alpha * m * (n - 1) + 2 * 8 * alpha * rows * (n - 1), abs=BYTE)
+    assert c.bytes_for("sparse_as_dense") == pytest.approx(4 * m * (n - 1) / n, abs=BYTE)
     # the values' AR/PS ratio is N/2: why PS wins for sparse variables as N grows
-    ar_values = c.ar_bytes_per_step - c.ar_index_bytes_per_step
-    ps_values = c.ps_bytes_per_step - c.ps_index_bytes_per_step
+    ar_values = c.bytes_for("ar") - c.cost_of("ar").index_bytes_per_step
+    ps_values = c.bytes_for("ps") - c.cost_of("ps").index_bytes_per_step
     assert ar_values / ps_values == pytest.approx(n / 2)
-    assert (c.ps_messages_per_step, c.ar_messages_per_step) == (3 * (n - 1), 2 * (n - 1))
+    assert (c.cost_of("ps").messages_per_step, c.cost_of("ar").messages_per_step) == (3 * (n - 1), 2 * (n - 1))
 
 
 @pytest.mark.parametrize("local_aggregation", [True, False])
@@ -99,8 +99,8 @@ def test_one_machine_moves_nothing(local_aggregation):
     cluster = ClusterSpec(machines=1, workers_per_machine=4, local_aggregation=local_aggregation)
     for var in (sparse_var(unions=[1000, 1900, 2700, 3400]), dense_var()):
         c = variable_cost(var, cluster)
-        assert (c.ps_bytes_per_step, c.ar_bytes_per_step, c.sparse_as_dense_bytes_per_step) == (0, 0, 0)
-        assert (c.ps_messages_per_step, c.ar_messages_per_step) == (0, 0)
+        assert (c.bytes_for("ps"), c.bytes_for("ar"), c.bytes_for("sparse_as_dense")) == (0, 0, 0)
+        assert (c.cost_of("ps").messages_per_step, c.cost_of("ar").messages_per_step) == (0, 0)
         assert c.cheaper_method is Method.AR
     prof = lm_profile()
     for key, est in compare_architectures(prof, cluster).items():
@@ -123,9 +123,9 @@ def test_local_aggregation_sends_the_measured_union_of_the_machines_rows():
     var = sparse_var(unions=unions)
     c = variable_cost(var, ClusterSpec(machines=4, workers_per_machine=4))
     assert c.alpha == pytest.approx(0.034) and (c.participants, c.participants_per_machine) == (4, 1)
-    assert c.ps_bytes_per_step == pytest.approx(2_652_000, abs=BYTE)
-    assert c.ar_bytes_per_step == pytest.approx(5_385_600, abs=BYTE)
-    assert variable_cost(dense_var(), ClusterSpec(machines=4, workers_per_machine=4)).ar_bytes_per_step == \
+    assert c.bytes_for("ps") == pytest.approx(2_652_000, abs=BYTE)
+    assert c.bytes_for("ar") == pytest.approx(5_385_600, abs=BYTE)
+    assert variable_cost(dense_var(), ClusterSpec(machines=4, workers_per_machine=4)).bytes_for("ar") == \
         pytest.approx(49_152, abs=BYTE)
 
 
@@ -141,13 +141,13 @@ def test_without_local_aggregation_every_worker_communicates():
     cluster = ClusterSpec(machines=4, workers_per_machine=4, local_aggregation=False)
     c = variable_cost(var, cluster)
     assert c.alpha == pytest.approx(0.01) and (c.participants, c.participants_per_machine) == (16, 4)
-    assert c.ps_bytes_per_step == pytest.approx(3_120_000, abs=BYTE)
-    assert c.ar_bytes_per_step == pytest.approx(25_344_000, abs=BYTE)
-    assert (c.ps_messages_per_step, c.ar_messages_per_step) == (45, 30)
-    assert variable_cost(dense_var(), cluster).ar_bytes_per_step == pytest.approx(196_608, abs=BYTE)
+    assert c.bytes_for("ps") == pytest.approx(3_120_000, abs=BYTE)
+    assert c.bytes_for("ar") == pytest.approx(25_344_000, abs=BYTE)
+    assert (c.cost_of("ps").messages_per_step, c.cost_of("ar").messages_per_step) == (45, 30)
+    assert variable_cost(dense_var(), cluster).bytes_for("ar") == pytest.approx(196_608, abs=BYTE)
     # local aggregation never sends more than the workers separately (the union <= G x alpha)
     with_la = variable_cost(var, cluster.replace(local_aggregation=True))
-    assert with_la.ps_bytes_per_step < c.ps_bytes_per_step and with_la.ar_bytes_per_step < c.ar_bytes_per_step
+    assert with_la.bytes_for("ps") < c.bytes_for("ps") and with_la.bytes_for("ar") < c.bytes_for("ar")
 
 
 def test_one_worker_per_machine_is_the_same_with_or_without_local_aggregation():
@@ -169,8 +169,8 @@ def test_estimate_turns_bytes_and_rounds_into_time():
     est = estimate(prof, plan)
     total = 910_000 + 2 * 57_344
     assert est.bytes_per_machine_per_step == pytest.approx(total, abs=BYTE)
-    assert est.ps_bytes_per_machine_per_step == pytest.approx(910_000, abs=BYTE)
-    assert est.ar_bytes_per_machine_per_step == pytest.approx(2 * 57_344, abs=BYTE)
+    assert est.method_bytes_per_machine_per_step["ps"] == pytest.approx(910_000, abs=BYTE)
+    assert est.method_bytes_per_machine_per_step["ar"] == pytest.approx(2 * 57_344, abs=BYTE)
     assert est.index_bytes_per_machine_per_step == pytest.approx(14_000, abs=BYTE)
     assert est.messages_per_step == 3 * 7 + 2 * 7
     assert est.transfer_time_s == pytest.approx(total / 1e9)  # 8 Gbit/s = 1e9 bytes/s
@@ -191,12 +191,12 @@ def test_compare_architectures_on_an_lm_shaped_profile():
     assert set(ests) == {Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO, SPARSE_AS_DENSE}
     assert ests["hybrid"] is ests[Architecture.HYBRID]  # str-valued keys
     costs = [variable_cost(v, cluster) for v in prof.variables]
-    assert ests[Architecture.AR].bytes_per_machine_per_step == pytest.approx(sum(c.ar_bytes_per_step for c in costs))
-    assert ests[Architecture.PS].bytes_per_machine_per_step == pytest.approx(sum(c.ps_bytes_per_step for c in costs))
+    assert ests[Architecture.AR].bytes_per_machine_per_step == pytest.approx(sum(c.bytes_for("ar") for c in costs))
+    assert ests[Architecture.PS].bytes_per_machine_per_step == pytest.approx(sum(c.bytes_for("ps") for c in costs))
     assert ests[SPARSE_AS_DENSE].bytes_per_machine_per_step == pytest.approx(
         sum(4 * v.size_bytes * 7 / 8 for v in prof.variables))
     auto = ests[Architecture.AUTO]
-    assert auto.bytes_per_machine_per_step == pytest.approx(sum(min(c.ps_bytes_per_step, c.ar_bytes_per_step)
+    assert auto.bytes_per_machine_per_step == pytest.approx(sum(min(c.bytes_for("ps"), c.bytes_for("ar"))
                                                                 for c in costs))
     assert auto.bytes_per_machine_per_step == pytest.approx(ests[Architecture.HYBRID].bytes_per_machine_per_step)
     assert ests[Architecture.AR].speedup_vs_ar == 1.0 and ests[Architecture.PS].speedup_vs_ps == 1.0
@@ -243,8 +243,8 @@ def test_a_sparse_variable_touched_everywhere_still_prefers_ps_by_its_indices():
     PS sends them once to the owners (2·8·R·1/2 = 8R), AR allgathers them (2·8·R·1 = 16R)."""
     var = sparse_var(alpha=1.0)
     c = variable_cost(var, ClusterSpec(machines=2))
-    assert c.ps_bytes_per_step == pytest.approx(2 * var.size_bytes + 8 * var.rows)
-    assert c.ar_bytes_per_step == pytest.approx(2 * var.size_bytes + 16 * var.rows)
+    assert c.bytes_for("ps") == pytest.approx(2 * var.size_bytes + 8 * var.rows)
+    assert c.bytes_for("ar") == pytest.approx(2 * var.size_bytes + 16 * var.rows)
     assert c.cheaper_method is Method.PS
 
 
@@ -285,11 +285,11 @@ def test_plain_horovod_allgathers_duplicate_rows():
     var = VariableProfile(**{**sparse_var().__dict__, "grad_bytes_per_step": 1500 * (256 + 8),
                              "union_rows_by_workers": (1000.0, 1900.0)})
     c = variable_cost(var, ClusterSpec(machines=8))
-    assert c.horovod_bytes_per_step == pytest.approx(5_544_000, abs=BYTE)
-    assert c.ar_bytes_per_step == pytest.approx(3_696_000, abs=BYTE)
-    assert variable_cost(var, ClusterSpec(machines=8, workers_per_machine=2)).horovod_bytes_per_step == \
+    assert c.bytes_for("horovod") == pytest.approx(5_544_000, abs=BYTE)
+    assert c.bytes_for("ar") == pytest.approx(3_696_000, abs=BYTE)
+    assert variable_cost(var, ClusterSpec(machines=8, workers_per_machine=2)).bytes_for("horovod") == \
         pytest.approx(11_088_000, abs=BYTE)
-    assert variable_cost(dense_var(), ClusterSpec(machines=8)).horovod_bytes_per_step == pytest.approx(57_344)
+    assert variable_cost(dense_var(), ClusterSpec(machines=8)).bytes_for("horovod") == pytest.approx(57_344)
     prof = Profile("toy", 32, 20, 0.01, 0, (var, dense_var()))
     ests = compare_architectures(prof, ClusterSpec(machines=8), include_horovod=True)
     assert ests[PLAIN_HOROVOD].bytes_per_machine_per_step == pytest.approx(5_544_000 + 57_344, abs=BYTE)

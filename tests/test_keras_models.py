@@ -51,7 +51,8 @@ def _training_cases(ranks: int) -> list[dict]:
                   dict(model="lazy_sequential", architecture="hybrid", steps=STEPS, optimizer="adam"),
                   dict(model="batch_norm", architecture="ar", steps=STEPS),
                   dict(model="batch_norm", architecture="hybrid", steps=STEPS),
-                  dict(model="batch_norm", architecture="hybrid", steps=STEPS, sync_batch_norm=False)]
+                  dict(model="batch_norm", architecture="hybrid", steps=STEPS, sync_batch_norm=False),
+                  dict(model="raw_gather", architecture="ps", steps=STEPS)]
         cases += [dict(model="lazy_sequential", architecture="hybrid", steps=STEPS,
                        options={"learning_rate": 0.5, option: value}, refused=option)
                   for option, value in REFUSED.items()]
@@ -237,7 +238,7 @@ def test_per_rank_batch_norm_differs_and_says_so(two_ranks):
 
 def test_per_rank_batch_norm_is_said_in_the_run_view_and_the_report(two_ranks):
     """The per-rank run's own summary, as the notebook's Run and the report receive it."""
-    from parallax_nb.cluster.run import Run
+    from parallax_nb.cluster.handle import Run
     from parallax_nb.plan import make_plan
     from parallax_nb.profile import profile_job
     from parallax_nb.report.build import build_report_data
@@ -254,6 +255,42 @@ def test_per_rank_batch_norm_is_said_in_the_run_view_and_the_report(two_ranks):
     profile = profile_job(job, steps=2, warmup=0)
     data = build_report_data(profile, make_plan(profile, ClusterSpec(machines=2), "hybrid"), run=summary)
     assert any("each rank's own batch" in line for line in data["assumptions"])
+
+
+def test_a_table_read_outside_the_router_is_said_in_run_json_the_run_view_and_the_report(two_ranks):
+    """The PS plan asks for the sparse table; the ranks serve it whole (a dense PS variable),
+    train to the single-device weights, and say so in the executed plan of the run summary
+    (run.json), the notebook's Run and the report, which predicts the dense PS bytes for it.
+    The one-row bias planned with 2 partitions runs with 1, and says so too."""
+    from parallax_nb.cluster.handle import Run
+    from parallax_nb.plan import make_plan
+    from parallax_nb.profile import profile_job
+    from parallax_nb.report.build import build_report_data
+    from parallax_nb.report.html import render_fragment
+    from parallax_nb.runtime.executed import CAPPED, UNROUTED
+    from parallax_nb.types import ClusterSpec
+    from parallax_nb.widgets.run_view import RunView
+
+    cases, per_rank = two_ranks
+    i, case = next((i, c) for i, c in enumerate(cases) if c["model"] == "raw_gather")
+    _assert_equal_to_reference(case, per_rank[0][i]["weights"], reference(case, 2))
+    summary = per_rank[0][i]["summary"]
+    table = "raw_gather/gathered/table"
+    assert summary["executed_plan"]["changes"] == [
+        {"variable": table, "what": "kind", "requested": "sparse", "executed": "dense", "reason": UNROUTED},
+        {"variable": "raw_gather/dense/bias", "what": "partitions", "requested": 2, "executed": 1, "reason": CAPPED}]
+    assert {v["name"]: v["kind"] for v in summary["executed_plan"]["variables"]}[table] == "dense"
+    run = Run(steps=STEPS, engines=2)
+    run.finish(summary=summary)
+    assert f"plan changed: {table}: kind sparse -> dense" in RunView(run).status_text()
+    job = cases_module.make_job("raw_gather")
+    profile = profile_job(job, steps=2, warmup=0)
+    data = build_report_data(profile, make_plan(profile, ClusterSpec(machines=2), "ps", partitions=2), run=summary)
+    measured = {v["name"]: v for v in data["measured"]["variables"]}
+    size = profile[table].size_bytes
+    assert measured[table]["kind"] == "dense"
+    assert measured[table]["predicted_bytes_per_step"] == pytest.approx(4 * size * (2 - 1) / 2)  # dense PS, N = 2
+    assert UNROUTED in render_fragment(data)
 
 
 def test_unsupported_optimizer_options_are_refused_by_name(two_ranks):
@@ -274,7 +311,7 @@ def test_unserialisable_model_leaves_loadable_weights(tmp_path):
     import subprocess
     import sys
 
-    from parallax_nb.cluster.run import Run
+    from parallax_nb.cluster.handle import Run
     from parallax_nb.launch import rank_environment
     from parallax_nb.runtime.checkpoint import latest_checkpoint, load
 

@@ -50,9 +50,9 @@ def test_plan_records_the_cost_model_figures(plan, profile, cluster):
     for var in profile.variables:
         vp, cost = plan[var.name], variable_cost(var, cluster)
         assert vp.kind is var.kind and vp.size_bytes == var.size_bytes and vp.alpha == var.alpha_mean
-        assert (vp.ps_bytes_per_step, vp.ar_bytes_per_step, vp.sparse_as_dense_bytes_per_step) == \
-            (cost.ps_bytes_per_step, cost.ar_bytes_per_step, cost.sparse_as_dense_bytes_per_step)
-        assert vp.bytes_per_step == min(cost.ps_bytes_per_step, cost.ar_bytes_per_step)
+        assert (vp.bytes_for("ps"), vp.bytes_for("ar"), vp.bytes_for("sparse_as_dense")) == \
+            (cost.bytes_for("ps"), cost.bytes_for("ar"), cost.bytes_for("sparse_as_dense"))
+        assert vp.bytes_per_step == min(cost.bytes_for("ps"), cost.bytes_for("ar"))
     assert plan.bytes_per_machine_per_step == pytest.approx(sum(v.bytes_per_step for v in plan))
     assert plan.cluster == cluster and plan.local_aggregation is True
 
@@ -84,7 +84,7 @@ def test_local_aggregation_argument_overrides_the_cluster(profile, cluster):
     plan = make_plan(profile, cluster, "auto", local_aggregation=False)
     assert plan.local_aggregation is False and plan.cluster.local_aggregation is False
     with_la = make_plan(profile, cluster, "auto")
-    assert plan["embedding"].ps_bytes_per_step > with_la["embedding"].ps_bytes_per_step
+    assert plan["embedding"].bytes_for("ps") > with_la["embedding"].bytes_for("ps")
 
 
 def test_make_plan_rejects_wrong_inputs(profile, cluster):
@@ -99,7 +99,7 @@ def test_make_plan_rejects_wrong_inputs(profile, cluster):
 def test_plan_for_kinds_needs_no_profile():
     plan = plan_for_kinds({"emb": "sparse", "dense": Kind.DENSE}, "auto", model_name="m")
     assert plan.method("emb") is Method.PS and plan.method("dense") is Method.AR  # AUTO -> HYBRID's rule
-    assert plan["emb"].ps_bytes_per_step is None and plan.bytes_per_machine_per_step is None
+    assert plan["emb"].bytes_for("ps") is None and plan.bytes_per_machine_per_step is None
     assert plan.cluster is None and plan.partitions("emb") == 1
     assert plan_for_kinds({"emb": "sparse"}, "ps", partitions={"emb": 4}).partitions("emb") == 4
     with pytest.raises(PlanError, match="variable 'emb': unknown kind 'spiky'"):

@@ -83,7 +83,7 @@ def job():
 
 @pytest.fixture(scope="module")
 def plan(job):
-    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.runtime.reference import default_plan
 
     return default_plan(job, FAULT_ARCH)
 
@@ -312,7 +312,7 @@ def test_bad_data_on_engines_is_named(case, pattern, cluster, plan):
 
 
 def test_plan_from_another_model_is_named(cluster, job):
-    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.runtime.reference import default_plan
     from parallax_nb.workloads import recommender_job
 
     other = default_plan(recommender_job("tiny"), "hybrid")
@@ -334,7 +334,7 @@ def test_corrupted_checkpoint_on_resume_is_named(damage, cluster, job, plan, ref
 
 def test_nan_on_engines_stops_the_run_naming_the_step(cluster):
     """px.run is guarded like the command line: SGD at learning rate 1e30 under HYBRID."""
-    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.runtime.reference import default_plan
 
     job = rc.recommender_with(learning_rate=1e30, name="recommender-lr-1e30")
     err, the_run = _run_bad(cluster, job, default_plan(job, "hybrid"), steps=6)

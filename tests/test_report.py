@@ -105,8 +105,8 @@ def test_variables_table_has_one_row_per_variable_with_the_cost_models_bytes(lm_
         var, c = lm_profile[row[0]], costs[row[0]]
         assert row[col["kind"]] == var.kind.value.upper()
         assert row[col["size"]] == format_bytes(var.size_bytes)
-        assert row[col["PS bytes/step"]] == format_bytes(c.ps_bytes_per_step)
-        assert row[col["AR bytes/step"]] == format_bytes(c.ar_bytes_per_step)
+        assert row[col["PS bytes/step"]] == format_bytes(c.bytes_for("ps"))
+        assert row[col["AR bytes/step"]] == format_bytes(c.bytes_for("ar"))
         assert row[col["method"]] == lm_plan.method(row[0]).value.upper()
         assert row[col["partitions"]] == str(lm_plan.partitions(row[0]))
     assert foot[0] == f"all {len(lm_profile.variables)} variables"
@@ -179,8 +179,8 @@ def test_csv_has_one_row_per_variable(saved, lm_profile, lm_plan):
     costs = {c.name: c for c in cost.variable_costs(lm_profile, CLUSTER)}
     for r in rows:
         assert r["method"] == lm_plan.method(r["name"]).value
-        assert float(r["ps_bytes_per_step"]) == costs[r["name"]].ps_bytes_per_step
-        assert float(r["ar_bytes_per_step"]) == costs[r["name"]].ar_bytes_per_step
+        assert float(r["ps_bytes_per_step"]) == costs[r["name"]].bytes_for("ps")
+        assert float(r["ar_bytes_per_step"]) == costs[r["name"]].bytes_for("ar")
         assert int(r["size_bytes"]) == lm_profile[r["name"]].size_bytes
 
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from parallax_nb.cluster.run import Run  # noqa: E402
+from parallax_nb.cluster.handle import Run  # noqa: E402
 from parallax_nb.errors import DistributedError  # noqa: E402
 from parallax_nb.plan import make_plan  # noqa: E402
 from parallax_nb.types import ClusterSpec, Profile, VariableProfile  # noqa: E402
@@ -165,7 +165,7 @@ def test_stop_button_works_while_a_kernel_cell_waits():
     code = (
         "import threading\n"
         "from IPython.display import display\n"
-        "from parallax_nb.cluster.run import Run\n"
+        "from parallax_nb.cluster.handle import Run\n"
         "from parallax_nb.widgets.run_view import RunView\n"
         "class Controller:\n"
         "    def __init__(self, run): self.run = run\n"

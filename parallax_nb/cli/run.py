@@ -127,7 +127,7 @@ def _launch(args) -> int:
 def _peak_memory_per_rank(profile_path: str | None) -> int | None:
     if not profile_path:
         return None
-    from ..io import load_json
+    from ..jsonfile import load_json
 
     try:
         return int(load_json(profile_path, what="profile")["peak_memory_bytes"])
@@ -137,7 +137,8 @@ def _peak_memory_per_rank(profile_path: str | None) -> int | None:
 
 
 def _run_mpirun(args, errors: str) -> int:
-    from ..launch import OutputPump, _read_failures, kill_process_group, mpi_exit_culprit, mpirun_command, \
+    from ..failures import read_failures
+    from ..launch import OutputPump, kill_process_group, mpi_exit_culprit, mpirun_command, \
         rank_environment, start_mpirun
 
     argv = [sys.executable, "-m", "parallax_nb", "run", *_argv_of(args)]
@@ -159,7 +160,7 @@ def _run_mpirun(args, errors: str) -> int:
         kill_process_group(proc)
         for pump in pumps:
             pump.join(timeout=5)
-    failures = _read_failures(errors)
+    failures = read_failures(errors)
     if failures:
         rank, _, text = failures[0]
         raise DistributedError(f"rank {rank} of {args.np} failed:\n{text.rstrip()}")
@@ -224,7 +225,7 @@ def _plan_on_rank(job, args, info):
 
 def _rank_main(args) -> int:
     from ..job import load_job
-    from ..launch import report_rank_failure
+    from ..failures import report_rank_failure
     from ..runtime.context import configure_threads, rank_info
 
     try:
@@ -258,7 +259,7 @@ def _rank_main(args) -> int:
 
 
 def _train_and_write(job, plan, args, info, search) -> None:
-    from ..io import atomic_write_text
+    from ..jsonfile import atomic_write_text
     from ..runtime.context import horovod
     from ..runtime.trainer import train
 
@@ -289,6 +290,8 @@ def _train_and_write(job, plan, args, info, search) -> None:
         print(f"parallax_nb run: note: BatchNorm layers {summary['batch_norm']['layers']} normalised with each "
               "rank's own batch (Job(sync_batch_norm=False)): not the single-device run on the global batch",
               file=sys.stderr, flush=True)
+    for change in result.executed_plan.change_lines() if result.executed_plan is not None else ():
+        print(f"parallax_nb run: the run changed the plan: {change}", file=sys.stderr, flush=True)
     atomic_write_text(os.path.join(args.output, "run.json"), json.dumps(summary, indent=2))
     plan.to_json(os.path.join(args.output, "plan.json"))
 

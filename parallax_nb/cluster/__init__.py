@@ -6,7 +6,7 @@ cluster that repeated runs reuse.
 """
 from .cluster import Cluster, ClusterStatus, EngineInfo, current_default_cluster, default_cluster, stop_default_cluster
 from .dispatch import last_run, run
-from .run import Run
+from .handle import Run
 
 __all__ = ["Cluster", "ClusterStatus", "EngineInfo", "Run", "run", "default_cluster", "current_default_cluster",
            "stop_default_cluster", "last_run"]

@@ -217,7 +217,7 @@ class Cluster:
         """Record this cluster's pids and make sure a reaper watches this process (see reaper.py)."""
         import json
 
-        from ..io import atomic_write_text
+        from ..jsonfile import atomic_write_text
 
         atomic_write_text(self._pidfile, json.dumps(self._process_ids()))
         if self._reaper is None or self._reaper.poll() is not None:
@@ -440,12 +440,6 @@ class Cluster:
     def engine_ids(self) -> list[int]:
         """Engine ids in rank order (engine_ids[r] runs rank r)."""
         return [e.engine_id for e in self._engines]
-
-    def rank_of(self, engine_id: int) -> int | None:
-        for e in self._engines:
-            if e.engine_id == engine_id:
-                return e.rank
-        return None
 
     def host_of(self, engine_id: int) -> str:
         for e in self._engines:

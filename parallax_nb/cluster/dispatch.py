@@ -1,7 +1,7 @@
 """Dispatch: ship a Job and a Plan to the engines, train there, stream progress back, stop.
 
 :func:`run` submits :func:`parallax_nb.cluster.engine.train_on_engine` to every engine (one
-task per MPI rank) and returns a :class:`~parallax_nb.cluster.run.Run` at once; a watcher
+task per MPI rank) and returns a :class:`~parallax_nb.cluster.handle.Run` at once; a watcher
 thread (:class:`RunController`) then polls, every ``poll_s`` seconds:
 
 - the step records each engine published (ipyparallel ``publish_data``, merged by the
@@ -36,7 +36,7 @@ from .. import progress
 from ..errors import ConfigError, DistributedError
 from .cluster import Cluster, default_cluster
 from .engine import RECORD_KEY_PREFIX, STATUS_KEY, STOP_SIGNAL, train_on_engine
-from .run import FAILED, RUNNING, STOPPING, Run
+from .handle import FAILED, RUNNING, STOPPING, Run
 
 STOP_GRACE_S = 15.0
 FAILURE_GRACE_S = 10.0
@@ -191,10 +191,10 @@ class RunController:
         """(rank, last line of its error) from the first error file a rank wrote, if any."""
         if not self.error_dir:
             return None
-        from ..launch import _read_failures
+        from ..failures import read_failures
 
         try:
-            failures = _read_failures(self.error_dir)
+            failures = read_failures(self.error_dir)
         except OSError:
             return None
         if not failures:
@@ -246,7 +246,7 @@ _RANK_REPORT = re.compile(r"\[parallax_nb\] rank (\d+) failed:\n(.*?)(?=\n\[para
 
 def _rank_report(output: str) -> tuple[int, str] | None:
     """(rank, last line of its error) from the runtime's own report of a rank that gave up
-    (``launch.report_rank_failure``, e.g. a step past ``step_timeout_s``), if any."""
+    (``failures.report_rank_failure``, e.g. a step past ``step_timeout_s``), if any."""
     m = _RANK_REPORT.search(output or "")
     if not m:
         return None
@@ -345,6 +345,8 @@ def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, opt
     with progress.task("run", f"starting the run of {job.name}"):
         if the_run.plan is None and train_fn is None:
             the_run.set_phase("planning HYBRID from the variable kinds (one single-device step)")
+            from ..runtime.reference import default_plan
+
             the_run.plan = default_plan(job)
             the_run.architecture = the_run.plan.architecture.value
         plan = the_run.plan
@@ -365,27 +367,6 @@ def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, opt
         async_results = [client[eid].apply_async(train_on_engine, job_bytes, plan_dict, steps, options, train_fn_bytes)
                          for eid in cluster.engine_ids]
     return cluster, async_results, error_dir
-
-
-def variable_kinds(job) -> dict:
-    """Variable path -> "sparse" | "dense", from one single-device step of ``job`` (sparse iff
-    its gradient is a ``tf.IndexedSlices``, the profiler's definition)."""
-    import tensorflow as tf
-
-    model = job.build_model()
-    x, y = next(iter(job.dataset(0, 1)))
-    with tf.GradientTape() as tape:
-        loss = job.loss_value(model, x, y)
-    grads = tape.gradient(loss, model.trainable_variables)
-    return {v.path: ("sparse" if isinstance(g, tf.IndexedSlices) else "dense")
-            for v, g in zip(model.trainable_variables, grads)}
-
-
-def default_plan(job, architecture: str = "hybrid"):
-    """A plan without a profile: ``architecture`` applied to the job's variable kinds."""
-    from ..plan import plan_for_kinds
-
-    return plan_for_kinds(variable_kinds(job), architecture, model_name=job.name)
 
 
 def _pickle_function(fn: Callable) -> bytes:
@@ -416,6 +397,4 @@ def _display(the_run: Run) -> None:
         return
     from IPython.display import display
 
-    from ..widgets.run_view import RunView
-
-    display(RunView(the_run))
+    display(the_run)  # a live view, registered by parallax_nb.widgets.ipython

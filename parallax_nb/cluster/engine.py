@@ -86,7 +86,7 @@ class ProgressPublisher:
         self._publish = publish
 
     def __call__(self, record: Any) -> None:
-        from .run import record_to_dict
+        from .handle import record_to_dict
 
         d = record_to_dict(record)
         self._publish({f"{RECORD_KEY_PREFIX}:{self.rank}:{d['step']:09d}": d})
@@ -210,7 +210,7 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
            stop: "StopFlag") -> dict:
     """The body of :func:`train_on_engine`, on the training thread."""
     from ..job import Job
-    from ..runtime.context import horovod
+    from ..runtime.context import clear_keras_session, horovod
 
     horovod()   # this rank's GPU is chosen before the job, Keras or the training run anything
 
@@ -225,12 +225,7 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
         import cloudpickle
 
         train_fn = cloudpickle.loads(train_fn_bytes)
-    try:
-        import keras
-
-        keras.backend.clear_session()   # same variable names on every run of a reused engine
-    except ImportError:
-        pass
+    clear_keras_session()   # same variable names on every run of a reused engine
 
     publisher = ProgressPublisher(rank) if options.get("publish", True) else (lambda record: None)
     from .. import progress
@@ -263,7 +258,7 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
                steps_done=int(getattr(result, "steps_done", getattr(history[-1], "step", 0) if history else 0)),
                stopped=bool(stop.agreed or getattr(result, "stopped_early", False)))
     if rank == 0:
-        from .run import record_to_dict
+        from .handle import record_to_dict
 
         summary = result.summary() if hasattr(result, "summary") else None
         weights, names = _weights_of(result)

@@ -1,18 +1,22 @@
-"""The pure-Python cost model: bytes per machine per step for PS, AR and sparse-as-dense AR,
+"""The pure-Python cost model: bytes per machine per step for every method and baseline,
 step-time estimates, and the per-variable choices behind a Plan. No TensorFlow is imported.
 
-* :func:`variable_cost` — one variable on one ClusterSpec (formulas in :mod:`.model`)
-* :func:`estimate` — a Plan's bytes, communication and step time (:mod:`.estimate`)
+* :data:`METHOD_COSTS` / :data:`BASELINES` — one cost entry per ``(Method, Kind)`` and per
+  baseline (:mod:`.methods`; formulas in :mod:`.model`)
+* :func:`variable_cost` — one variable on one ClusterSpec, every method and baseline
+* :func:`estimate` — a Plan's bytes, communication and step time (:mod:`.estimate`);
+  :func:`estimate_executed` — the same for what a run executed
 * :func:`compare_architectures` — AR, PS, HYBRID, AUTO and :data:`SPARSE_AS_DENSE`
   (and :data:`PLAIN_HOROVOD` on request)
 * :func:`step_time_curve` / :func:`step_time_curves` — step time against the machine count
 * :data:`ASSUMPTIONS` — the model's assumptions in words, for reports
 """
-from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, Estimate, VariableCost
-from .estimate import (WHOLE_MODEL, compare_architectures, estimate, step_time_curve, step_time_curves,
-                       variable_costs)
-from .model import INDEX_BYTES, variable_cost
-from .planner import choose_method, default_partitions
+from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Estimate, MethodCost, VariableCost
+from .estimate import (WHOLE_MODEL, compare_architectures, estimate, estimate_executed, step_time_curve,
+                       step_time_curves, variable_costs)
+from .choice import choose_method, default_partitions
+from .methods import BASELINES, METHOD_COSTS, variable_cost
+from .model import INDEX_BYTES
 
 ASSUMPTIONS = (
     "Every byte figure is what one machine's network link sends plus receives in one step, an expectation "
@@ -27,7 +31,9 @@ ASSUMPTIONS = (
     "serve the own shard: 4·α·m·(n−1)/n bytes, plus ids sent once to the owners 2·8·α·R·(n−1)/n "
     "(α = 1 and no ids for a dense variable).",
     "Sparse-as-dense AR densifies a sparse gradient and ring-allreduces it: 4·m·(n−1)/n bytes. Plain "
-    "Horovod's default allgathers the IndexedSlices with duplicate rows (the profiled gradient bytes).",
+    "Horovod's default allgathers the IndexedSlices with duplicate rows (the profiled gradient bytes). "
+    "TensorFlow's parameter servers (the TF-PS baseline) are PS with every worker pushing and pulling on its "
+    "own (no local aggregation).",
     "Local aggregation (when on): a machine's G workers combine gradients first, so one participant per "
     "machine crosses the network and a sparse variable sends the measured union of its workers' rows "
     "(not G·α). When off, every worker is a participant with its own α. Dense AllReduce with local "
@@ -46,6 +52,7 @@ ASSUMPTIONS = (
     "α was measured on the profiled batches; other batches may be more or less sparse.",
 )
 
-__all__ = ["ASSUMPTIONS", "INDEX_BYTES", "PLAIN_HOROVOD", "SPARSE_AS_DENSE", "WHOLE_MODEL", "Estimate",
-           "VariableCost", "choose_method", "compare_architectures", "default_partitions", "estimate",
-           "step_time_curve", "step_time_curves", "variable_cost", "variable_costs"]
+__all__ = ["ASSUMPTIONS", "BASELINES", "INDEX_BYTES", "METHOD_COSTS", "PLAIN_HOROVOD", "SPARSE_AS_DENSE", "TF_PS",
+           "WHOLE_MODEL", "Estimate", "MethodCost", "VariableCost", "choose_method", "compare_architectures",
+           "default_partitions", "estimate", "estimate_executed", "step_time_curve", "step_time_curves",
+           "variable_cost", "variable_costs"]

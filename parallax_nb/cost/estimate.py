@@ -17,9 +17,11 @@ For a choice of one method per variable on a ClusterSpec (bandwidth ``B`` in bit
 * ``examples_per_s = workers * batch_size / step_time_s``;
 * speedups are step-time ratios: ``speedup_vs_ar = step(all AR) / step(this)``.
 
-Plain Horovod with ``sparse_as_dense=True`` is the :data:`SPARSE_AS_DENSE` entry: every
-variable allreduced as a dense tensor; plain Horovod's defaults are :data:`PLAIN_HOROVOD`
-(sparse gradients allgathered with their duplicate rows, dense ones fused into one allreduce).
+The baselines (:data:`parallax_nb.cost.methods.BASELINES`) are estimated the same way, every
+variable charged the baseline's cost: Horovod with ``sparse_as_dense=True``
+(:data:`SPARSE_AS_DENSE`), Horovod's defaults (:data:`PLAIN_HOROVOD`: sparse gradients
+allgathered with their duplicate rows, dense ones fused into one allreduce) and TensorFlow's
+parameter servers (:data:`TF_PS`).
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from ..errors import ConfigError, PlanError
-from ..types import (PLAIN_HOROVOD, SPARSE_AS_DENSE, Architecture, ClusterSpec, Estimate, Kind, Method, Profile,
-                     VariableCost)
-from .model import participants, rounds, variable_cost
-from .planner import choose_method
+from ..types import (BASELINE_KEYS, PLAIN_HOROVOD, SPARSE_AS_DENSE, Architecture, ClusterSpec, Estimate, Kind, Method,
+                     Profile, VariableCost)
+from .methods import variable_cost
+from .model import participants, rounds
+from .choice import choose_method
 
 WHOLE_MODEL = (Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO)
 
@@ -51,43 +54,30 @@ def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]
 
 def _total(label: str, profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost],
            methods: Sequence[Method]) -> Estimate:
-    """Sum the chosen methods' bytes and rounds and turn them into times (module docstring).
+    """Sum the charged costs' bytes and rounds and turn them into times (module docstring).
 
-    ``label`` SPARSE_AS_DENSE charges every variable its sparse-as-dense bytes; PLAIN_HOROVOD
-    charges sparse variables their allgather with duplicates (index bytes not split out).
+    A baseline ``label`` (:data:`BASELINE_KEYS`) charges every variable that baseline's cost;
+    otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`.
     """
-    sparse_as_dense = label == SPARSE_AS_DENSE
-    total = index = ps_bytes = ar_bytes = sparse = dense = 0.0
+    baseline = label if label in BASELINE_KEYS else None
+    total = index = sparse = dense = 0.0
+    by_method: dict[str, float] = {}
     messages = 0
     fused_allreduce = False
     for cost, method in zip(costs, methods):
-        if sparse_as_dense:
-            moved, idx, fused_allreduce = cost.sparse_as_dense_bytes_per_step, 0.0, True
-        elif label == PLAIN_HOROVOD:
-            moved, idx = cost.horovod_bytes_per_step, 0.0
-            if cost.kind is Kind.DENSE:
-                fused_allreduce = True
-            else:
-                messages += cost.ar_messages_per_step
-        elif method is Method.PS:
-            moved, idx = cost.ps_bytes_per_step, cost.ps_index_bytes_per_step
-            messages += cost.ps_messages_per_step
+        key = baseline or method.value
+        charged = cost.cost_of(key)
+        total += charged.bytes_per_step
+        index += charged.index_bytes_per_step
+        by_method[key] = by_method.get(key, 0.0) + charged.bytes_per_step
+        if charged.fused_allreduce:
+            fused_allreduce = True
         else:
-            moved, idx = cost.ar_bytes_per_step, cost.ar_index_bytes_per_step
-            if cost.kind is Kind.DENSE:
-                fused_allreduce = True
-            else:
-                messages += cost.ar_messages_per_step
-        total += moved
-        index += idx
-        if method is Method.PS and not sparse_as_dense:
-            ps_bytes += moved
-        else:
-            ar_bytes += moved
+            messages += charged.messages_per_step
         if cost.kind is Kind.SPARSE:
-            sparse += moved
+            sparse += charged.bytes_per_step
         else:
-            dense += moved
+            dense += charged.bytes_per_step
     if fused_allreduce and cluster.machines > 1:
         messages += rounds("allreduce", participants(cluster)[0])
     transfer = total * 8.0 / cluster.bandwidth_bps
@@ -96,8 +86,8 @@ def _total(label: str, profile: Profile, cluster: ClusterSpec, costs: Sequence[V
     step = profile.step_time_s + comm
     return Estimate(
         architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
-        index_bytes_per_machine_per_step=index, ps_bytes_per_machine_per_step=ps_bytes,
-        ar_bytes_per_machine_per_step=ar_bytes, sparse_bytes_per_machine_per_step=sparse,
+        index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,
+        sparse_bytes_per_machine_per_step=sparse,
         dense_bytes_per_machine_per_step=dense, messages_per_step=messages,
         compute_time_s=profile.step_time_s, transfer_time_s=transfer, latency_time_s=latency,
         comm_time_s=comm, step_time_s=step,
@@ -149,6 +139,24 @@ def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Esti
     return _with_speedups(own, ar, ps)
 
 
+def estimate_executed(profile: Profile, executed, cluster: ClusterSpec) -> Estimate:
+    """Estimated cost of what a run executed (:class:`parallax_nb.executed.ExecutedPlan`): each
+    variable charged the table entry of the method and the kind it ran as (a sparse variable
+    served whole is charged as a dense one), on ``cluster`` (the run's topology)."""
+    _check_inputs(profile, cluster)
+    ran = [executed[v.name] if v.name in executed else None for v in profile.variables]
+    missing = [v.name for v, r in zip(profile.variables, ran) if r is None]
+    if missing:
+        raise PlanError(f"the executed plan has no entry for variable(s) {missing}",
+                        hint="is the run from another model? Compare it with this model's profile")
+    served = [v if r.kind is v.kind else replace(v, kind=r.kind) for v, r in zip(profile.variables, ran)]
+    costs = [variable_cost(v, cluster) for v in served]
+    own = _total(executed.architecture, profile, cluster, costs, [r.method for r in ran])
+    ar = _total("ar", profile, cluster, costs, _methods(costs, Architecture.AR))
+    ps = _total("ps", profile, cluster, costs, _methods(costs, Architecture.PS))
+    return _with_speedups(own, ar, ps)
+
+
 def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovod: bool = False) -> dict:
     """``{Architecture.AR, .PS, .HYBRID, .AUTO, SPARSE_AS_DENSE: Estimate}`` on ``cluster``.
 
@@ -162,7 +170,7 @@ def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovo
 
 
 def _curve_key(architecture) -> str:
-    if architecture in (SPARSE_AS_DENSE, PLAIN_HOROVOD):
+    if architecture in BASELINE_KEYS:
         return str(architecture)
     return Architecture.parse(architecture).value
 
@@ -189,7 +197,7 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[
         spec = cluster.replace(machines=n)
         costs = variable_costs(profile, spec)
         for key in keys:
-            if key in (SPARSE_AS_DENSE, PLAIN_HOROVOD):
+            if key in BASELINE_KEYS:
                 est = _total(key, profile, spec, costs, [Method.AR] * len(costs))
             else:
                 est = _total(key, profile, spec, costs, _methods(costs, Architecture(key)))
@@ -199,7 +207,7 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[
 
 def step_time_curve(profile: Profile, cluster: ClusterSpec, architecture="auto",
                     machines: Iterable[int] = range(1, 65)) -> list[tuple[int, float]]:
-    """``[(machines, step_time_s), ...]`` for one architecture (or SPARSE_AS_DENSE / PLAIN_HOROVOD)."""
+    """``[(machines, step_time_s), ...]`` for one architecture or baseline key (BASELINE_KEYS)."""
     key = _curve_key(architecture)
     data = step_time_curves(profile, cluster, machines, architectures=(key,))
     return list(zip(data["machines"], data["step_time_s"][key]))

@@ -36,7 +36,7 @@ Per-participant volume (to and from all its peers)
   ``2 * I * a * R * (n-1)``
 * sparse-as-dense AR: the sparse gradient densified, then allreduced: ``4 * m * (n-1) / n``
 * PS of a dense variable: the PS formula with ``a = 1`` and no indices, ``4 * m * (n-1) / n``.
-* plain Horovod's default for a sparse gradient (``horovod_bytes_per_step``): the
+* plain Horovod's default for a sparse gradient (the ``horovod`` baseline): the
   ``IndexedSlices`` allgathered as TensorFlow made it, one row per lookup, duplicates
   included, so the profiled ``grad_bytes_per_step`` (``s`` bytes of values + indices per
   worker) replaces ``a * (m + I * R)``: ``2 * c * s * (n-1)``, with ``c = G`` slices
@@ -75,7 +75,7 @@ per-partition overhead, which the runtime's partition search measures.
 """
 from __future__ import annotations
 
-from ..types import ClusterSpec, Kind, VariableCost, VariableProfile
+from ..types import ClusterSpec
 
 INDEX_BYTES = 8  # one int64 row index
 _ROUNDS_PER_PEER = {"allreduce": 2, "allgather": 2, "ps_sparse": 3, "ps_dense": 2}
@@ -126,41 +126,3 @@ def allgather_duplicates_bytes(slice_bytes: float, n: int) -> float:
 def rounds(collective: str, n: int) -> int:
     """Sequential message rounds of one collective among n participants (0 when n = 1)."""
     return _ROUNDS_PER_PEER[collective] * (n - 1)
-
-
-def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
-    """Bytes per machine per step of ``var`` under PS, AR, sparse-as-dense AR and plain Horovod.
-
-    See the module docstring for every formula. ``alpha`` is ``alpha_for_workers(G)`` with
-    local aggregation and ``alpha_for_workers(1)`` without (1 for a dense variable).
-    """
-    n, g = participants(cluster)
-    scale = g * remote_share(n, g)  # 0 on one machine: nothing crosses machines
-    m = var.size_bytes
-    rows = var.rows
-    dense_volume = allreduce_bytes(m, n) * scale
-    if var.kind is Kind.SPARSE:
-        alpha = var.alpha_for_workers(cluster.workers_per_machine if cluster.local_aggregation else 1)
-        ps_index = ps_index_bytes(alpha, rows, n) * scale
-        ar_index = allgather_index_bytes(alpha, rows, n) * scale
-        ps = ps_value_bytes(alpha, m, n) * scale + ps_index
-        ar = allgather_value_bytes(alpha, m, n) * scale + ar_index
-        ps_rounds, ar_rounds = rounds("ps_sparse", n), rounds("allgather", n)
-        slices = cluster.workers_per_machine if cluster.local_aggregation else 1
-        per_worker = var.grad_bytes_per_step if var.grad_bytes_per_step > 0 else \
-            var.alpha_for_workers(1) * rows * (var.row_bytes + INDEX_BYTES)
-        horovod = allgather_duplicates_bytes(slices * per_worker, n) * scale
-    else:
-        alpha = 1.0
-        ps_index = ar_index = 0.0
-        ps = ar = horovod = dense_volume
-        ps_rounds, ar_rounds = rounds("ps_dense", n), rounds("allreduce", n)
-    if cluster.machines == 1:
-        ps_rounds = ar_rounds = 0
-    return VariableCost(
-        name=var.name, kind=var.kind, size_bytes=m, rows=rows, alpha=alpha,
-        participants=n, participants_per_machine=g,
-        ps_bytes_per_step=ps, ar_bytes_per_step=ar, sparse_as_dense_bytes_per_step=dense_volume,
-        ps_index_bytes_per_step=ps_index, ar_index_bytes_per_step=ar_index,
-        ps_messages_per_step=ps_rounds, ar_messages_per_step=ar_rounds, horovod_bytes_per_step=horovod,
-    )

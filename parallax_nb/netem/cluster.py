@@ -115,9 +115,6 @@ class EmulatedCluster:
                 "--mca", "oob_tcp_if_include", self.subnet, "--mca", "rtc_hwloc_vmhole", "none",
                 "--mca", "mpi_yield_when_idle", "1"]
 
-    def machine_of_rank(self, rank: int) -> Machine:
-        return self.machines[rank // self.workers_per_machine]
-
     def counters(self) -> dict[str, tuple[int, int]]:
         """Per machine namespace: (rx_bytes, tx_bytes) its link carried so far (the kernel's count)."""
         self._require_up()

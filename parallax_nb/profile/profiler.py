@@ -28,7 +28,7 @@ from ..devices import DevicePlacement, place_process
 from ..errors import JobError, ParallaxError, ProfileError
 from ..job import Job
 from ..types import MAX_LOCAL_WORKERS, Profile
-from . import checks
+from .. import job_checks as checks
 from .memory import PeakMemoryMeter
 from .stats import dense_variable_profile, sparse_variable_profile
 

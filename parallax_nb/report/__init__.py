@@ -17,13 +17,14 @@ import os
 from typing import NamedTuple
 
 from ..errors import ConfigError
-from ..io import atomic_write_text, load_json
+from ..jsonfile import atomic_write_text, load_json
+from ..plan import RECORDED_COSTS
 from .build import SCHEMA, SCHEMA_VERSION, build_report_data, error_pct, load_run
 
 __all__ = ["report", "Report", "ReportFiles", "SCHEMA", "SCHEMA_VERSION", "load_run", "error_pct"]
 
-CSV_COLUMNS = ("name", "kind", "shape", "dtype", "size_bytes", "alpha", "ps_bytes_per_step", "ar_bytes_per_step",
-               "sparse_as_dense_bytes_per_step", "method", "partitions")
+CSV_COLUMNS = ("name", "kind", "shape", "dtype", "size_bytes", "alpha",
+               *(f"{key}_bytes_per_step" for key in RECORDED_COSTS), "method", "partitions")
 CSV_MEASURED_COLUMNS = ("run_method", "predicted_bytes_per_step_run", "measured_bytes_per_step_run",
                         "error_pct_run")
 _SPREADSHEET_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -10,7 +10,8 @@ plus received per step (``bytes_sent_per_step + bytes_received_per_step``), coun
 traffic with ranks on other machines. The model's figure is per machine per step; it is
 computed for the run's own topology (its ``machines`` x ``workers_per_machine`` and whether it
 executed local aggregation; summaries without that field: ``ranks`` machines of one worker),
-with the plan's bandwidth and latency and the run's per-variable methods, and compared with
+with the plan's bandwidth and latency and what the run executed (its ExecutedPlan: each variable's
+method and the kind it was served as), and compared with
 the run's per-rank figure times its ranks per machine. error % =
 100 * (measured - predicted) / predicted, None where the prediction is 0.
 """
@@ -22,17 +23,15 @@ from datetime import datetime, timezone
 
 from .. import labels
 from ..errors import ConfigError, PlanError
-from ..plan import Plan
-from ..types import Architecture, ClusterSpec, Method, Profile
+from ..executed import ExecutedPlan, ExecutedVariable
+from ..plan import RECORDED_COSTS, Plan
+from ..types import (BASELINE_KEYS, PLAIN_HOROVOD, RUN_SCHEMA, RUN_SCHEMA_VERSION, SPARSE_AS_DENSE, Architecture,
+                     ClusterSpec, Kind, Method, Profile)
 
 SCHEMA = "parallax_nb.report"
 SCHEMA_VERSION = 1
-RUN_SCHEMA = "parallax_nb.run"
-RUN_SCHEMA_VERSION = 1
 CURVE_MACHINES = range(1, 65)
-SPARSE_AS_DENSE = "sparse_as_dense"  # plain Horovod with sparse_as_dense=True (cost.SPARSE_AS_DENSE)
-PLAIN_HOROVOD = "horovod"  # plain Horovod's defaults (cost.PLAIN_HOROVOD)
-_ARCH_RANK = {"ar": 0, "ps": 1, "hybrid": 2, "auto": 3, SPARSE_AS_DENSE: 4, PLAIN_HOROVOD: 5}
+_ARCH_RANK = {key: rank for rank, key in enumerate((*(a.value for a in Architecture), *BASELINE_KEYS))}
 ARCHITECTURE_LABELS = {key: labels.text(key) for key in _ARCH_RANK}
 
 # What the report itself assumes, on top of the cost model's own (cost.ASSUMPTIONS).
@@ -43,9 +42,9 @@ REPORT_ASSUMPTIONS = (
     "Measured against predicted: a run's per-rank bytes (sent + received, mean per step over "
     "ranks and measured steps), times its ranks per machine, are compared with the model's "
     "per-machine figure for the topology the run used (its machines x workers per machine and "
-    "whether it aggregated locally), with the plan's bandwidth and latency and the run's "
-    "per-variable methods; the predicted step time uses the profiled compute time at the profiled "
-    "batch size.",
+    "whether it aggregated locally), with the plan's bandwidth and latency and the methods and kinds "
+    "the run executed (its executed plan); the predicted step time uses the profiled compute time at "
+    "the profiled batch size.",
     "Training semantics: a row gathered several times in one step gets the sum of its gradients before "
     "the optimizer (dense-equivalent updates; Keras alone gives Adam one entry per occurrence).",
 )
@@ -83,7 +82,7 @@ def load_run(run) -> dict | None:
         return None
     source = "run summary"
     if isinstance(run, (str, os.PathLike)):
-        from ..io import load_json
+        from ..jsonfile import load_json
 
         path = os.fspath(run)
         if not os.path.exists(path):
@@ -127,6 +126,8 @@ def validate_run(summary, source: str = "run summary") -> dict:
         clean["local_aggregation"] = summary["local_aggregation"]
     if isinstance(summary.get("batch_norm"), dict):  # written by runs that know their BatchNorm layers
         clean["batch_norm"] = dict(summary["batch_norm"])
+    if "executed_plan" in summary:  # written by runs that record what they executed
+        clean["executed_plan"] = ExecutedPlan.from_dict(summary["executed_plan"], f"{source}: executed_plan").to_dict()
     variables = summary.get("variables")
     if not isinstance(variables, dict):
         raise ConfigError(f"{source} lacks its 'variables' mapping (name -> bytes per step)")
@@ -138,7 +139,9 @@ def validate_run(summary, source: str = "run summary") -> dict:
         v = dict(entry)
         v.update(_typed_fields(entry, _RUN_VARIABLE_FIELDS, where))
         if v["method"] not in (m.value for m in Method):
-            raise ConfigError(f"{where} has unknown method {v['method']!r}", hint="expected 'ps' or 'ar'")
+            raise ConfigError(f"{where} has unknown method {v['method']!r}", hint=f"expected one of {Method.choices()}")
+        if "kind" in v and v["kind"] not in (k.value for k in Kind):
+            raise ConfigError(f"{where} has unknown kind {v['kind']!r}", hint="expected 'sparse' or 'dense'")
         clean["variables"][str(name)] = v
     return clean
 
@@ -174,7 +177,8 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
     figures stored in the plan, which may come from another profile); methods and partitions
     come from the plan.
     """
-    from .. import __version__, cost
+    from .. import cost
+    from ..version import __version__
 
     if not isinstance(profile, Profile):
         raise ConfigError(f"report() needs a parallax_nb Profile, got {type(profile).__name__}",
@@ -283,9 +287,7 @@ def _variable_data(var, vp, c) -> dict:
         "size_bytes": int(var.size_bytes),
         "alpha": _number(var.alpha_mean if var.is_sparse else 1.0),
         "alpha_per_machine": _number(c.alpha),
-        "ps_bytes_per_step": _number(c.ps_bytes_per_step),
-        "ar_bytes_per_step": _number(c.ar_bytes_per_step),
-        "sparse_as_dense_bytes_per_step": _number(c.sparse_as_dense_bytes_per_step),
+        **{f"{key}_bytes_per_step": _number(c.bytes_for(key)) for key in RECORDED_COSTS},
         "method": vp.method.value,
         "partitions": int(vp.partitions),
     }
@@ -313,11 +315,31 @@ def run_topology(run: dict) -> tuple[int, bool | None]:
     return (workers if workers >= 1 and run["ranks"] % workers == 0 else 1), bool(run["local_aggregation"])
 
 
+def executed_of(run: dict, profile: Profile, plan: Plan) -> ExecutedPlan:
+    """What the run executed: its recorded executed plan, or, for a summary without one, its
+    per-variable table read as run (methods, kinds and partitions, no changes known). A
+    variable the run does not report keeps the plan's method and the profile's kind."""
+    if "executed_plan" in run:
+        return ExecutedPlan.from_dict(run["executed_plan"])
+    ran = []
+    for var in profile.variables:
+        entry = run["variables"].get(var.name)
+        if entry is None:
+            ran.append(ExecutedVariable(var.name, plan.method(var.name), var.kind, plan.partitions(var.name)))
+        else:
+            ran.append(ExecutedVariable(var.name, Method(entry["method"]), Kind(entry.get("kind", var.kind.value)),
+                                        int(entry.get("partitions", 1))))
+    workers, aggregated = run_topology(run)
+    return ExecutedPlan(architecture=run["architecture"], ranks=run["ranks"], machines=max(run["ranks"] // workers, 1),
+                        workers_per_machine=workers,
+                        local_aggregation=plan.local_aggregation if aggregated is None else aggregated,
+                        variables=tuple(ran))
+
+
 def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
     """Predicted and measured bytes per rank per step (in all and per variable) and step time.
 
-    The prediction uses the run's own per-variable methods where the run names them (the
-    plan's elsewhere), on :func:`run_cluster`. See the module docstring for the basis.
+    The prediction charges what the run executed (:func:`executed_of`), on :func:`run_cluster`. See the module docstring for the basis.
     """
     from .. import cost
 
@@ -330,11 +352,10 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
     missing = sorted(set(plan.names) - set(run_vars))
     if missing:
         warnings.append(f"the run reports no bytes for {missing}; the prediction uses the plan's methods for them")
-    methods = {name: v["method"] for name, v in run_vars.items() if name in plan}
-    run_plan = plan.with_methods(methods)
+    executed = executed_of(run, profile, plan)
     workers, aggregated = run_topology(run)
     spec = run_cluster(planned_cluster(plan), run["ranks"], workers, aggregated)
-    est = cost.estimate(profile, run_plan, cluster=spec)
+    est = cost.estimate_executed(profile, executed, spec)
     if run["batch_size_per_rank"] != profile.batch_size:
         warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
                         f"batch {profile.batch_size}: the prediction's alpha and compute time are for the profiled batch")
@@ -354,7 +375,8 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
             continue
         measured = (run_vars[c.name]["bytes_sent_per_step"] + run_vars[c.name]["bytes_received_per_step"]) * workers
         predicted = c.bytes_for(method)
-        per_variable.append({"name": c.name, "method": method.value, "predicted_bytes_per_step": _number(predicted),
+        per_variable.append({"name": c.name, "method": method.value, "kind": c.kind.value,
+                             "predicted_bytes_per_step": _number(predicted),
                              "measured_bytes_per_step": _number(measured),
                              "error_pct": _number(error_pct(predicted, measured))})
     basis = (f"Like with like: the run's bytes are per machine (sent + received to and from other machines, "
@@ -362,12 +384,13 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
              f"the prediction is the cost model's per-machine figure for the run's cluster of "
              f"{spec.machines} machine(s) x {spec.workers_per_machine} worker(s), local aggregation "
              f"{'on' if spec.local_aggregation else 'off'}, with the plan's bandwidth "
-             f"({spec.bandwidth}) and latency ({spec.latency_s * 1e6:g} us) and the run's per-variable methods. "
+             f"({spec.bandwidth}) and latency ({spec.latency_s * 1e6:g} us) and the methods and kinds the run executed. "
              f"The predicted step time is the profiled compute time plus communication at that bandwidth; "
              f"the run's links (e.g. loopback on one host) may be much faster or slower.")
     return {
         "basis": basis,
         "run": {k: run[k] for k in (*_RUN_FIELDS, "local_aggregation") if k in run},
+        "executed_plan": executed.to_dict(),
         "prediction_cluster": _cluster_data(spec),
         "prediction": _estimate_data(est),
         "totals": totals,
@@ -391,6 +414,6 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines=CURVE_MACH
     from .. import cost
 
     curves = cost.step_time_curves(profile, cluster, machines=machines,
-                                   architectures=(*cost.WHOLE_MODEL, cost.SPARSE_AS_DENSE, cost.PLAIN_HOROVOD))
+                                   architectures=(*cost.WHOLE_MODEL, SPARSE_AS_DENSE, PLAIN_HOROVOD))
     return {"machines": [int(m) for m in curves["machines"]],
             "step_time_s": {_key(k): [_number(t) for t in ts] for k, ts in curves["step_time_s"].items()}}

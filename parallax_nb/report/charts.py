@@ -20,13 +20,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from .. import labels  # noqa: E402
-from ..types import format_bytes  # noqa: E402
+from ..plan import RECORDED_COSTS  # noqa: E402
+from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, format_bytes  # noqa: E402
 
 MAX_BARS = 40  # the bar chart shows the largest variables; the table always lists all
-METHOD_COLOURS = {key: labels.colour(key) for key in ("ps", "ar", "sparse_as_dense")}
-ARCH_COLOURS = {key: labels.colour(key) for key in ("ar", "ps", "hybrid", "auto", "sparse_as_dense", "horovod")}
-ARCH_LABELS = {key: labels.text(key) for key in ARCH_COLOURS}
-ARCH_LINESTYLES = {"sparse_as_dense": "--", "horovod": ":"}
+ARCH_LINESTYLES = {SPARSE_AS_DENSE: "--", PLAIN_HOROVOD: ":", TF_PS: "-."}
 
 _STYLE = {
     "svg.fonttype": "path",
@@ -69,7 +67,7 @@ def bytes_per_variable_svg(variables: list[dict]) -> str:
     """
     shown = sorted(variables, key=lambda v: -v["size_bytes"])[:MAX_BARS]
     shown.reverse()  # largest at the top of a horizontal bar chart
-    series = [(key, labels.text(key), f"{key}_bytes_per_step") for key in ("ps", "ar", "sparse_as_dense")]
+    series = [(key, labels.text(key), f"{key}_bytes_per_step") for key in RECORDED_COSTS]
     values = [v[key] for v in shown for _, _, key in series]
     positive = [x for x in values if x > 0]
     with plt.rc_context(_STYLE):
@@ -79,7 +77,7 @@ def bytes_per_variable_svg(variables: list[dict]) -> str:
             ys = [row + (1 - i) * height for row in range(len(shown))]
             xs = [v[key] for v in shown]
             edges = ["#1a202c" if v["method"] == method else "none" for v in shown]
-            ax.barh(ys, xs, height=height * 0.95, color=METHOD_COLOURS[method], label=label,
+            ax.barh(ys, xs, height=height * 0.95, color=labels.colour(method), label=label,
                     edgecolor=edges, linewidth=1.2)
         ax.set_yticks(range(len(shown)))
         ax.set_yticklabels([_short(v["name"]) for v in shown])
@@ -106,8 +104,8 @@ def step_time_curve_svg(curve: dict, current_machines: int | None = None) -> str
         for arch, times in curve["step_time_s"].items():
             # HYBRID and AUTO often coincide: HYBRID is drawn wide and pale beneath AUTO.
             wide = arch == "hybrid"
-            ax.plot(machines, [t * 1e3 for t in times], label=ARCH_LABELS.get(arch, arch),
-                    color=ARCH_COLOURS.get(arch), linewidth=4.0 if wide else 1.6, alpha=0.45 if wide else 1.0,
+            ax.plot(machines, [t * 1e3 for t in times], label=labels.text(arch),
+                    color=labels.colour(arch), linewidth=4.0 if wide else 1.6, alpha=0.45 if wide else 1.0,
                     linestyle=ARCH_LINESTYLES.get(arch, "-"), zorder=2 if wide else 3)
         if current_machines is not None:
             ax.axvline(current_machines, color="#4a5568", linestyle=":", linewidth=1)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import html as _html
 
 from .. import labels
-from ..types import format_bandwidth, format_bytes
+from ..executed import ExecutedPlan
+from ..plan import RECORDED_COSTS
+from ..types import Kind, Method, format_bandwidth, format_bytes
 from . import charts
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -62,7 +64,7 @@ CSS = """
 .pxr.pxr tr.chosen td + td { box-shadow: none; }
 .pxr tfoot td { font-weight: 600; border-top: 2px solid var(--pxr-border-strong); }
 .pxr .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 0.8em; font-weight: 600; color: #fff; white-space: nowrap; }
-""" + "".join(f".pxr .badge.{key} {{ background: {labels.colour(key)}; }}\n" for key in ("ps", "ar", "sparse", "dense")) + """
+""" + "".join(f".pxr .badge.{key} {{ background: {labels.colour(key)}; }}\n" for key in (*(m.value for m in Method), *(k.value for k in Kind))) + """
 .pxr .err-small, .pxr .err-mid, .pxr .err-big { font-weight: 600; }
 .pxr .err-mid::after { content: " \\25B2"; color: #b35900; } .pxr .err-big::after { content: " \\25B2\\25B2"; color: #c53030; }
 .pxr ul.assumptions li { margin: 3px 0; }
@@ -165,9 +167,10 @@ def _variables_table(data: dict) -> str:
     per_machine = any(v["alpha_per_machine"] is not None and v["alpha"] is not None
                       and abs(v["alpha_per_machine"] - v["alpha"]) > 1e-12 for v in data["variables"])
     alpha_head = "<th class=num>&alpha;</th>" + ("<th class=num>&alpha; per machine</th>" if per_machine else "")
-    head = ("<tr><th>variable</th><th>kind</th><th>shape</th><th class=num>size</th>" + alpha_head +
-            "<th class=num>PS bytes/step</th><th class=num>AR bytes/step</th>"
-            "<th class=num>sparse-as-dense bytes/step</th><th>method</th><th class=num>partitions</th></tr>")
+    keys = [f"{key}_bytes_per_step" for key in RECORDED_COSTS]
+    head = ("<tr><th>variable</th><th>kind</th><th>shape</th><th class=num>size</th>" + alpha_head
+            + "".join(f"<th class=num>{esc(labels.text(key))} bytes/step</th>" for key in RECORDED_COSTS)
+            + "<th>method</th><th class=num>partitions</th></tr>")
     body = []
     for v in data["variables"]:
         shape = " x ".join(str(d) for d in v["shape"]) or "scalar"
@@ -176,19 +179,14 @@ def _variables_table(data: dict) -> str:
             + _td(format_bytes(v["size_bytes"]), "num", f"{v['size_bytes']} bytes")
             + _td(_fmt_alpha(v["alpha"]), "num")
             + (_td(_fmt_alpha(v["alpha_per_machine"]), "num") if per_machine else "")
-            + _td(fmt_bytes(v["ps_bytes_per_step"]), "num", f"{v['ps_bytes_per_step']:.0f} bytes")
-            + _td(fmt_bytes(v["ar_bytes_per_step"]), "num", f"{v['ar_bytes_per_step']:.0f} bytes")
-            + _td(fmt_bytes(v["sparse_as_dense_bytes_per_step"]), "num",
-                  f"{v['sparse_as_dense_bytes_per_step']:.0f} bytes")
+            + "".join(_td(fmt_bytes(v[key]), "num", f"{v[key]:.0f} bytes") for key in keys)
             + f"<td>{_badge(v['method'])}</td>" + _td(v["partitions"], "num") + "</tr>")
     total = sum(v["size_bytes"] for v in data["variables"])
-    chosen = sum(v["ps_bytes_per_step"] if v["method"] == "ps" else v["ar_bytes_per_step"] for v in data["variables"])
+    chosen = sum(v[f"{v['method']}_bytes_per_step"] for v in data["variables"])
     foot = (f"<tr><td>all {len(data['variables'])} variables</td><td></td><td></td>"
             f"{_td(format_bytes(total), 'num')}<td></td>{'<td></td>' if per_machine else ''}"
-            f"{_td(fmt_bytes(sum(v['ps_bytes_per_step'] for v in data['variables'])), 'num')}"
-            f"{_td(fmt_bytes(sum(v['ar_bytes_per_step'] for v in data['variables'])), 'num')}"
-            f"{_td(fmt_bytes(sum(v['sparse_as_dense_bytes_per_step'] for v in data['variables'])), 'num')}"
-            f"{_td('plan: ' + format_bytes(chosen), 'nowrap')}<td></td></tr>")
+            + "".join(_td(fmt_bytes(sum(v[key] for v in data["variables"])), "num") for key in keys)
+            + f"{_td('plan: ' + format_bytes(chosen), 'nowrap')}<td></td></tr>")
     return (f'<h2>Variables</h2><p class="muted">Bytes are sent + received per machine per step on the planned '
             f'cluster; &alpha; is the fraction of a variable\'s rows one worker\'s step touches (1 for dense variables)'
             + ('; &alpha; per machine is the union of a machine\'s workers, what local aggregation sends' if per_machine else '')
@@ -260,6 +258,17 @@ def _charts(data: dict) -> str:
     return f"<h2>Charts</h2>{bars}{curve}"
 
 
+def _plan_changes(executed: dict | None) -> str:
+    """What the run changed from the plan, each change with its reason (from its executed plan)."""
+    if not executed:
+        return ""
+    lines = ExecutedPlan.from_dict(executed).change_lines()
+    if not lines:
+        return '<p class="plan-changes muted">The run executed the plan as given.</p>'
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return f'<h3>What the run changed from the plan</h3><ul class="plan-changes">{items}</ul>'
+
+
 def _measured(data: dict) -> str:
     m = data.get("measured")
     if not m:
@@ -283,7 +292,7 @@ def _measured(data: dict) -> str:
                           v["measured_bytes_per_step"], v["error_pct"], fmt_bytes, "name") for v in m["variables"])
     warnings = "".join(f'<div class="warn">{esc(w)}</div>' for w in m.get("warnings", []))
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
-            f"<p>{esc(m['basis'])}</p>"
+            f"<p>{esc(m['basis'])}</p>{_plan_changes(m.get('executed_plan'))}"
             f'<div class="scroll"><table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table></div>'
             f'<h3>Per variable (bytes sent + received per machine per step)</h3>'
             f'<div class="scroll"><table class="measured-variables"><thead>{head}</thead><tbody>{per_var}</tbody></table></div>'

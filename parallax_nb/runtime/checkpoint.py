@@ -37,7 +37,7 @@ import numpy as np
 import psutil
 
 from ..errors import CheckpointError
-from ..io import atomic_write_text, load_json
+from ..jsonfile import atomic_write_text, load_json
 
 CHECKPOINT_SCHEMA = "parallax_nb.checkpoint"
 CHECKPOINT_SCHEMA_VERSION = 2
@@ -273,10 +273,6 @@ class Checkpoint:
     @property
     def weight_names(self) -> list[str]:
         return list(self.meta["weights"])
-
-    @property
-    def optimizer_keys(self) -> list[str]:
-        return list(self.meta["optimizer"])
 
 
 def load(path: str, verify: bool = False) -> Checkpoint:

@@ -88,3 +88,12 @@ def barrier(tag: str) -> None:
     hvd = horovod()
     if hvd.size() > 1:
         hvd.allreduce(tf.constant(0.0), op=hvd.Sum, name=f"px_barrier_{tag}").numpy()
+
+
+def clear_keras_session() -> None:
+    """Forget Keras's global state, so a reused engine names a new run's variables as the first run did."""
+    try:
+        import keras
+    except ImportError:
+        return
+    keras.backend.clear_session()

@@ -60,3 +60,10 @@ def variable_kinds(job: Job) -> dict:
     grads = tape.gradient(loss, model.trainable_variables)
     return {v.path: (Kind.SPARSE if isinstance(g, tf.IndexedSlices) else Kind.DENSE)
             for v, g in zip(model.trainable_variables, grads)}
+
+
+def default_plan(job: Job, architecture: str = "hybrid"):
+    """A plan without a profile: ``architecture`` applied to the job's variable kinds."""
+    from ..plan import plan_for_kinds
+
+    return plan_for_kinds(variable_kinds(job), architecture, model_name=job.name)

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-RUN_SCHEMA = "parallax_nb.run"
-RUN_SCHEMA_VERSION = 1
+from ..types import RUN_SCHEMA, RUN_SCHEMA_VERSION
+
 #: How the runtime treats a row gathered several times in one step (README, "Correctness").
 SPARSE_GRADIENT_SEMANTICS = ("repeated rows summed before the optimizer: dense-equivalent updates "
                              "(Keras alone feeds Adam/Adagrad/RMSprop one entry per occurrence)")
@@ -71,7 +71,8 @@ class TrainResult:
     ``weights``: every model variable (trainable and not) by path, full single-device values
     (PS variables gathered from their owners). ``history``: this rank's step records of this
     call (steps continue the numbering of a resumed checkpoint). ``variables``: per trainable
-    variable, ``{"method", "kind", "partitions"}`` as executed. ``first_measured_step`` is the
+    variable, ``{"method", "kind", "partitions"}`` as executed; ``executed_plan`` the same with the
+    topology and every change from the requested plan, with its reason. ``first_measured_step`` is the
     index in ``history`` from which summaries are taken (the first step, which traces the
     step function, is left out when there is more than one).
     """
@@ -92,6 +93,7 @@ class TrainResult:
     rank_mean_bytes: dict | None = None  # name -> (sent, received) per step, mean over ranks
     local_aggregation: bool = False  # executed (the plan asked and machines hold several ranks)
     batch_norm: dict | None = None  # {"layers": [names], "statistics": "global batch" | "per rank" | "none"}
+    executed_plan: Any = None  # parallax_nb.executed.ExecutedPlan: what ran and how it differs from the plan
 
     def single_device_model(self):
         """The user's model (``job.model()``) holding the trained weights, incl. non-trainable."""
@@ -140,12 +142,8 @@ class TrainResult:
             "examples_per_s_median": median([r.examples_per_s for r in measured]),
             "final_loss": float(self.history[-1].loss) if self.history else float("nan"),
             "variables": variables,
+            **({"executed_plan": self.executed_plan.to_dict()} if self.executed_plan is not None else {}),
             "bytes_sent_per_step": float(sum(v["bytes_sent_per_step"] for v in variables.values())),
             "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
         }
 
-    def without_job(self) -> "TrainResult":
-        """A copy safe to pickle to another process (the Job may hold closures)."""
-        import dataclasses
-
-        return dataclasses.replace(self, job=None)

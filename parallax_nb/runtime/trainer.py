@@ -45,6 +45,7 @@ from .accounting import ByteLedger
 from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
 from .context import barrier, configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
+from .executed import executed_plan
 from .result import StepRecord, TrainResult
 from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
 from .hierarchical import Hierarchy
@@ -106,6 +107,7 @@ class Trainer:
                                          hierarchy=hierarchy)
         self._step_fn = tf.function(self._step, autograph=False)
         self.step = 0
+        self.executed = executed_plan(plan, self.variable_table(), self.topology, self.local_aggregation, partitions)
 
     # ------------------------------------------------------------------ set-up
     def _topology(self, workers_per_machine: int | None) -> Topology:
@@ -142,7 +144,7 @@ class Trainer:
         table's range (a local forward pass, as the profiler does), or a batch the model
         cannot take, or labels that broadcast against the model's output
         (:func:`.guards.label_problem`)."""
-        from ..profile import checks
+        from .. import job_checks as checks
 
         b = self.job.batch_size
         try:
@@ -316,7 +318,7 @@ class Trainer:
     def _user_errors(self):
         """TensorFlow's errors that are the user's to fix, in the user's terms: an id outside
         its table (:func:`.guards.id_error`), a layer name tf.function refuses."""
-        from ..profile.checks import layer_name_error
+        from ..job_checks import layer_name_error
 
         try:
             yield
@@ -434,7 +436,8 @@ class Trainer:
             architecture=self.plan.architecture.value, batch_size_per_rank=self.job.batch_size,
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
             rank_mean_bytes=self._rank_mean_bytes(history),
-            batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks))
+            batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks),
+            executed_plan=self.executed)
 
     def _step_timeout(self) -> float:
         return self.watchdog.step_timeout_s if self.watchdog is not None else 0.0

@@ -145,7 +145,7 @@ class Watchdog(threading.Thread):
                     if self._deadline is not None:
                         self._deadline = time.monotonic() + wait_more
                 continue
-            from ..launch import report_rank_failure
+            from ..failures import report_rank_failure
 
             report_rank_failure(error, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
             os._exit(3)

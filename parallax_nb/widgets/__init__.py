@@ -1,8 +1,9 @@
 """Notebook views of parallax_nb: thin ipywidgets over model objects.
 
-``plan`` / ``Planner`` (the planner model, no widgets), ``PlannerView`` (its controls, cost table
-and charts), ``ProfileView`` (a profile's per-variable table and chart) and ``RunView`` (a run's
-live progress). Logic lives in the models; a view only copies widget values into its model and
+``PlannerView`` (the controls, cost table and charts of a :class:`parallax_nb.planner.Planner`),
+``ProfileView`` (a profile's per-variable table and chart) and ``RunView`` (a run's live
+progress). Each shows itself for its model in IPython (:func:`.ipython.install` registers the
+displays), so the models' rooms never import this one. Logic lives in the models; a view only copies widget values into its model and
 model state into its widgets, so tests drive views without a browser.
 
 Names resolve lazily: importing this package needs neither ipywidgets nor matplotlib, and
@@ -12,15 +13,13 @@ from __future__ import annotations
 
 import importlib
 
-from .planner import Planner, PlannerInputs, plan
-
 _LAZY = {
     "PlannerView": "parallax_nb.widgets.planner_view",
     "ProfileView": "parallax_nb.widgets.profile_view",
     "RunView": "parallax_nb.widgets.run_view",
 }
 
-__all__ = ["plan", "Planner", "PlannerInputs", "PlannerView", "ProfileView", "RunView"]
+__all__ = ["PlannerView", "ProfileView", "RunView"]
 
 
 def __getattr__(name: str):

@@ -7,7 +7,10 @@ Called by ``%load_ext parallax_nb`` and by ``import parallax_nb`` inside IPython
   the error is about the user's input, and the message already names the value and the fix;
 - long waits (profiling, starting or stopping the cluster) show their phase with a ticking
   timer (:mod:`.progress_view`), imported only when the first one begins, so importing
-  parallax_nb stays instant.
+  parallax_nb stays instant;
+- a :class:`~parallax_nb.planner.Planner` shows as a :class:`.PlannerView` and a
+  :class:`~parallax_nb.cluster.handle.Run` as a live :class:`.RunView` (IPython display formatters
+  registered by class name here, so the models' rooms never import widgets).
 """
 from __future__ import annotations
 
@@ -43,10 +46,40 @@ def _phase_listener(event: progress.Event) -> None:
         progress_view.notebook_listener(event)
 
 
+def show_planner(planner) -> None:
+    from IPython.display import display
+
+    from .planner_view import PlannerView
+
+    display(PlannerView(planner))
+
+
+def show_run(run) -> None:
+    """A live RunView, unless one already watches the run (``px.run`` displays one): then a line."""
+    from IPython.display import display
+
+    if run.watched:
+        display({"text/plain": repr(run)}, raw=True)
+        return
+    from .run_view import RunView
+
+    display(RunView(run))
+
+
+def _register_displays(shell) -> None:
+    formatter = getattr(getattr(shell, "display_formatter", None), "ipython_display_formatter", None)
+    if formatter is None:
+        return
+    formatter.for_type_by_name("parallax_nb.planner", "Planner", show_planner)
+    formatter.for_type_by_name("parallax_nb.cluster.handle", "Run", show_run)
+
+
 def install(shell) -> None:
-    """Short ParallaxErrors and phase displays in ``shell`` (an IPython InteractiveShell)."""
+    """Short ParallaxErrors, phase displays and the models' views in ``shell`` (an IPython
+    InteractiveShell)."""
     if shell is None:
         return
+    _register_displays(shell)
     if ParallaxError not in (getattr(shell, "custom_exceptions", ()) or ()):
         shell.set_custom_exc((ParallaxError,), _show_short_error)
     if getattr(shell, "kernel", None) is not None and not _installed_phase_display:

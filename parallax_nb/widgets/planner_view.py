@@ -1,4 +1,4 @@
-"""PlannerView: the controls, cost table and charts of a :class:`~parallax_nb.widgets.Planner`.
+"""PlannerView: the controls, cost table and charts of a :class:`~parallax_nb.planner.Planner`.
 
 Thin by design. A control's change calls ``planner.set(...)``; every recomputation of the
 planner (from this view, another view, or code) calls :meth:`PlannerView.refresh`, which copies
@@ -13,19 +13,19 @@ import contextlib
 import ipywidgets as widgets
 
 from .. import labels, svg
-from ..types import SPARSE_AS_DENSE, Architecture, format_bandwidth, format_bytes
+from ..planner import Planner, describe_inputs
+from ..types import SPARSE_AS_DENSE, Architecture, Method, format_bandwidth, format_bytes
 from . import style
-from .planner import Planner, describe_inputs
 from .snapshot import SnapshotDisplay
 
 ARCHITECTURES = (Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO)
 ARCHITECTURE_OPTIONS = [(labels.text(a), a.value) for a in ARCHITECTURES]
-METHOD_OPTIONS = [("as planned", ""), (labels.text("ar"), "ar"), (labels.text("ps"), "ps")]
-METHOD_TOOLTIPS = ["the plan's own choice for this variable", labels.label("ar").description,
-                   labels.label("ps").description]
+METHODS = tuple(m.value for m in Method)
+METHOD_OPTIONS = [("as planned", ""), *((labels.text(m), m) for m in METHODS)]
+METHOD_TOOLTIPS = ["the plan's own choice for this variable", *(labels.label(m).description for m in METHODS)]
 CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing; the table lists every variable
 
-BASELINES = (*ARCHITECTURES, SPARSE_AS_DENSE)
+COMPARED = (*ARCHITECTURES, SPARSE_AS_DENSE)  # the step-time chart's whole-model estimates
 
 
 def _ms(seconds: float) -> str:
@@ -75,12 +75,12 @@ def render_table(planner: Planner) -> str:
             style.label_badge(r["kind"]),
             style.esc(format_bytes(r["size_bytes"])),
             style.esc(f"{r['alpha']:.4g}"),
-            cell("ps", r["ps_bytes_per_step"]),
-            cell("ar", r["ar_bytes_per_step"]),
+            *(cell(m, r[f"{m}_bytes_per_step"]) for m in METHODS),
             style.label_badge(chosen, override),
             style.esc(r["partitions"]) if chosen == "ps" else f'<span style="color:{style.FG2}">-</span>',
         ])
-    header = ["variable", "kind", "size", "&alpha;", "PS bytes / step", "AR bytes / step", "method", "partitions"]
+    header = ["variable", "kind", "size", "&alpha;", *(f"{labels.text(m)} bytes / step" for m in METHODS),
+              "method", "partitions"]
     return style.html_table(header, rows, left_columns=2) + style.note(
         "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
         " (* = set by hand). Partitions: the slices a PS variable's rows are split into, one per worker by default.")
@@ -90,7 +90,7 @@ def largest(table, limit: int):
     """The ``limit`` rows with the most bytes under either method, in their original order."""
     if len(table) <= limit:
         return table
-    peak = table[["ps_bytes_per_step", "ar_bytes_per_step"]].max(axis=1)
+    peak = table[[f"{m}_bytes_per_step" for m in METHODS]].max(axis=1)
     return table[table.index.isin(set(peak.nlargest(limit).index))]
 
 
@@ -100,13 +100,13 @@ def render_chart(planner: Planner) -> str:
     table = largest(planner.table, CHART_VARIABLES)
     note = (f"the {len(table)} largest of {len(planner.table)} variables (the table lists all)"
             if len(table) < len(planner.table) else "")
-    series = [{"name": f"{labels.text(m)} (faint: not chosen)" if m == "ps" else labels.text(m),
+    series = [{"name": f"{labels.text(m)} (faint: not chosen)" if i == 0 else labels.text(m),
                "colour": labels.colour(m), "values": list(table[f"{m}_bytes_per_step"]),
-               "opacity": [1.0 if c == m else 0.3 for c in table["method"]]} for m in ("ps", "ar")]
+               "opacity": [1.0 if c == m else 0.3 for c in table["method"]]} for i, m in enumerate(METHODS)]
     bars = svg.hbars(list(table.index), series, "bytes per machine per step", css_class="parallax-planner-bytes",
                      note=note)
     names, compute, comm = [], [], []
-    for arch in BASELINES:
+    for arch in COMPARED:
         est = planner.estimates[arch]
         names.append(labels.text(arch).replace(" ", "\n", 1))
         comm.append(est.comm_time_s * 1e3)
@@ -125,7 +125,7 @@ def render_chart(planner: Planner) -> str:
 def chart_key(planner: Planner) -> tuple:
     """Everything :func:`render_chart` draws; equal keys mean an identical chart."""
     baselines = tuple((str(arch), planner.estimates[arch].comm_time_s, planner.estimates[arch].step_time_s)
-                      for arch in BASELINES)
+                      for arch in COMPARED)
     return (tuple(planner.table.itertuples()), baselines, planner.comm_time_s, planner.step_time_s)
 
 

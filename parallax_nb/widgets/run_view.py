@@ -205,6 +205,7 @@ class RunView(SnapshotDisplay, widgets.VBox):
             parts.append(f"{run.elapsed_s:.1f} s in all")
         if run.batch_norm_note:
             parts.append(run.batch_norm_note)
+        parts.extend(f"plan changed: {change}" for change in run.plan_changes)
         return " | ".join(parts)
 
     def status_html(self) -> str:

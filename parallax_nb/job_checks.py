@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from ..errors import ProfileError
+from .errors import ProfileError
 
 _OUT_OF_RANGE = re.compile(r"indices\[[^\]]*\]\s*=\s*(-?\d+)\s+is not in \[0,\s*(\d+)\)")
 _NODE = re.compile(r"node\s+([^\s}\]]+)")

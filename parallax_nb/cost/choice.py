@@ -72,7 +72,7 @@ def partitions_resolver(names: list[str], partitions: "int | Mapping[str, int] |
         def resolve(name: str, method: Method) -> int:
             if name in explicit:
                 return explicit[name]
-            return fallback if method is Method.PS else 1
+            return fallback if method.partitioned else 1
         return resolve
     every = check_partitions("every PS variable", partitions)
-    return lambda name, method: every if method is Method.PS else 1
+    return lambda name, method: every if method.partitioned else 1

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..errors import ConfigError, ParallaxError, PlanError
-from ..types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
+from .errors import ConfigError, ParallaxError, PlanError
+from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
 
 Observer = Callable[["Planner"], None]
 
@@ -98,8 +98,8 @@ def _as_latency_s(value: Any) -> float:
 
 def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
     """Compute everything from ``inputs``; raises a ParallaxError naming the first bad input."""
-    from ..cost import compare_architectures, estimate
-    from ..plan import make_plan
+    from .cost import compare_architectures, estimate
+    from .plan import make_plan
 
     cluster = ClusterSpec.create(
         machines=_as_int("machines", inputs.machines),
@@ -127,7 +127,7 @@ def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
         try:
             methods[name] = m if isinstance(m, Method) else Method(str(m).strip().lower())
         except ValueError:
-            raise PlanError(f"unknown method {m!r} for {name}", hint="choose 'ps' or 'ar'") from None
+            raise PlanError(f"unknown method {m!r} for {name}", hint=f"choose one of {Method.choices()}") from None
     plan = make_plan(profile, cluster, architecture, partitions=partitions or None)
     if methods:   # partitions again: a variable switched to PS keeps the partitions asked for
         plan = plan.with_methods(methods, partitions={n: p for n, p in partitions.items() if n in methods})
@@ -193,7 +193,7 @@ class Planner:
         return self._apply(replace(self._inputs, partitions=overrides))
 
     def set_method(self, variable: str, method: "str | Method | None") -> "Planner":
-        """Force ``variable`` to ``"ps"`` or ``"ar"`` whatever the architecture (None: no override)."""
+        """Force ``variable`` to ``method`` whatever the architecture (None: no override)."""
         overrides = dict(self._inputs.methods)
         if method is None:
             overrides.pop(variable, None)
@@ -317,23 +317,22 @@ class Planner:
 
     @property
     def table(self):
-        """One row per variable (index: name): kind, size_bytes, alpha, ps_bytes_per_step,
-        ar_bytes_per_step (bytes per machine per step under each method), method (the plan's
-        choice) and partitions. A view of :attr:`plan`, recomputed with it."""
+        """One row per variable (index: name): kind, size_bytes, alpha, ``<method>_bytes_per_step``
+        for every method (bytes per machine per step, e.g. ``ps_bytes_per_step``), method (the
+        plan's choice) and partitions. A view of :attr:`plan`, recomputed with it."""
         import pandas as pd
 
+        byte_columns = [f"{m.value}_bytes_per_step" for m in Method]
         rows = [{
             "name": v.name,
             "kind": getattr(v.kind, "value", v.kind),
             "size_bytes": v.size_bytes,
             "alpha": v.alpha,
-            "ps_bytes_per_step": v.ps_bytes_per_step,
-            "ar_bytes_per_step": v.ar_bytes_per_step,
+            **{f"{m.value}_bytes_per_step": v.bytes_for(m) for m in Method},
             "method": getattr(v.method, "value", v.method),
             "partitions": v.partitions,
         } for v in self.plan.variables]
-        columns = ["name", "kind", "size_bytes", "alpha", "ps_bytes_per_step", "ar_bytes_per_step",
-                   "method", "partitions"]
+        columns = ["name", "kind", "size_bytes", "alpha", *byte_columns, "method", "partitions"]
         return pd.DataFrame(rows, columns=columns).set_index("name")
 
     # ----------------------------------------------------------------- display
@@ -351,13 +350,6 @@ class Planner:
 
     def __repr__(self) -> str:
         return self.summary()
-
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        from .planner_view import PlannerView
-
-        display(PlannerView(self))
 
 
 def plan(profile: Profile, cluster: ClusterSpec | None = None, architecture: "str | Architecture" = "auto",

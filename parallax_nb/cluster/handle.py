@@ -247,7 +247,7 @@ class Run:
         planned_here = cluster is not None and cluster.workers == self.engines
         workers = cluster.workers_per_machine if planned_here else 1
         if self.profile is not None:
-            from ..cost.model import variable_cost
+            from ..cost import variable_cost
             from ..types import ClusterSpec
 
             topology = ClusterSpec(machines=self.engines // workers, workers_per_machine=workers,
@@ -258,8 +258,7 @@ class Run:
                     cost = variable_cost(self.profile[vp.name], topology)
                 except KeyError:
                     continue
-                machine = cost.ps_bytes_per_step if vp.method.value == "ps" else cost.ar_bytes_per_step
-                out[vp.name] = float(machine) / workers
+                out[vp.name] = float(cost.bytes_for(vp.method)) / workers
             return out
         if not planned_here or (workers > 1 and not plan.local_aggregation):
             return {}
@@ -271,6 +270,15 @@ class Run:
         if ((self._summary or {}).get("batch_norm") or {}).get("statistics") == "per rank":
             return "BatchNorm statistics per rank, not of the global batch (Job(sync_batch_norm=False))"
         return None
+
+    @property
+    def plan_changes(self) -> list[str]:
+        """What the ranks changed from the plan, one sentence with its reason each (from the
+        executed plan in the run's summary; empty before the run ends or when nothing changed)."""
+        from ..executed import ExecutedPlan
+
+        executed = (self._summary or {}).get("executed_plan")
+        return ExecutedPlan.from_dict(executed).change_lines() if executed else []
 
     def summary(self) -> dict:
         """Rank 0's run summary (schema ``parallax_nb.run``); raises if the run has none yet."""
@@ -372,13 +380,7 @@ class Run:
         return (f"<Run {self.status}: {self.steps_done}/{self.steps} steps on {self.engines} engines, "
                 f"{self.elapsed_s:.1f} s; {self.message}>")
 
-    def _ipython_display_(self):
-        """A live RunView, unless one is already shown (``px.run`` displays one): then a line."""
-        from IPython.display import display
-
-        if self._observers:
-            display({"text/plain": repr(self)}, raw=True)
-            return
-        from ..widgets.run_view import RunView
-
-        display(RunView(self))
+    @property
+    def watched(self) -> bool:
+        """True while something (a live view) observes this run."""
+        return bool(self._observers)

@@ -1,0 +1,53 @@
+"""Why a rank failed: each rank writes its reason to a shared folder, the launcher reads them.
+
+A leaf module (standard library and :mod:`.errors` only), so the runtime on the ranks, the
+command line and the notebook's dispatcher report and read failures the same way without
+importing each other. File format: ``<dir>/error-<rank>.txt``, first line the Unix time of
+the failure in seconds, then the text.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+from .errors import ParallaxError
+
+
+def mpi_rank() -> int:
+    """This process's rank in MPI_COMM_WORLD from the launcher's environment (0 outside MPI)."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def read_failures(workdir: str) -> list[tuple[int, float, str]]:
+    """(rank, time, traceback) of every rank that wrote an error file, earliest first."""
+    failures = []
+    for name in os.listdir(workdir):
+        if name.startswith("error-") and name.endswith(".txt"):
+            with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
+                first, _, text = f.read().partition("\n")
+            failures.append((int(name[6:-4]), float(first or 0), text))
+    return sorted(failures, key=lambda f: (f[1], f[0]))
+
+
+def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:
+    """Print why this rank failed to stderr (and to ``out_dir/error-<rank>.txt``); return it:
+    the traceback, or only the message of a :class:`ParallaxError` (which names the problem)."""
+    rank = mpi_rank()
+    if isinstance(exc, ParallaxError):  # our own message says it all: no traceback of our code
+        text = f"{type(exc).__name__}: {exc}\n"
+    else:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    message = f"[parallax_nb] rank {rank} failed:\n{text}"
+    sys.stderr.write(message)
+    sys.stderr.flush()
+    if out_dir is not None:
+        path = os.path.join(out_dir, f"error-{rank}.txt")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(f"{time.time():.6f}\n{text}")
+        os.replace(path + ".tmp", path)
+    return text

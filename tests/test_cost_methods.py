@@ -1,0 +1,67 @@
+"""The cost side's method table: one entry per (Method, Kind), the baselines, and what each
+entry says a step issues. Figures are worked by hand in the docstrings (pure Python)."""
+from __future__ import annotations
+
+import pytest
+
+from parallax_nb.cost import BASELINES, METHOD_COSTS, TF_PS, estimate, step_time_curve, variable_cost
+from parallax_nb.plan import make_plan
+from parallax_nb.types import BASELINE_KEYS, ClusterSpec, Collective, Kind, Method, MethodCost
+from test_cost import BYTE, dense_var, lm_profile, sparse_var
+
+
+def test_the_table_has_one_entry_per_method_and_kind_and_one_per_kind_per_baseline():
+    assert set(METHOD_COSTS) == {(m, k) for m in Method for k in Kind}
+    assert set(BASELINES) == set(BASELINE_KEYS)
+    assert all(set(by_kind) == set(Kind) for by_kind in BASELINES.values())
+
+
+def test_tf_ps_baseline_is_ps_with_every_worker_on_its_own():
+    """N = 4, G = 4, R = 100,000 rows, m = 25,600,000 B, alpha_1 = 0.01 (union of 4: 0.034).
+
+    TF-PS ignores local aggregation: W = 16 participants, 4 per machine, r = (16-4)/15:
+      sparse = G·r·[4·α·m·15/16 + 16·α·R·15/16] = 3,072,000 + 48,000 = 3,120,000
+      dense (16,384 B) = G·r·4·m·15/16 = 196,608
+    while parallax_nb's PS with local aggregation moves 2,652,000 (the union, once per machine).
+    """
+    cluster = ClusterSpec(machines=4, workers_per_machine=4)
+    sparse = variable_cost(sparse_var(unions=[1000, 1900, 2700, 3400]), cluster)
+    assert sparse.bytes_for(TF_PS) == pytest.approx(3_120_000, abs=BYTE)
+    assert sparse.bytes_for(Method.PS) == pytest.approx(2_652_000, abs=BYTE)
+    assert sparse.cost_of(TF_PS).index_bytes_per_step == pytest.approx(48_000, abs=BYTE)
+    assert variable_cost(dense_var(), cluster).bytes_for(TF_PS) == pytest.approx(196_608, abs=BYTE)
+
+
+def test_each_entry_names_the_collectives_a_step_issues():
+    """Without local aggregation: a fused allreduce, two allgathers (values, indices), three
+    alltoalls (ids, rows, row gradients), two alltoalls (push, pull). With G > 1 and local
+    aggregation the sparse ones gather inside the machine, then cross among one local index."""
+    flat = ClusterSpec(machines=4, workers_per_machine=1)
+    two_level = ClusterSpec(machines=4, workers_per_machine=2)
+    sparse, dense = sparse_var(unions=[1000, 1900]), dense_var()
+    assert METHOD_COSTS[(Method.AR, Kind.DENSE)](dense, flat).collectives == (Collective("allreduce", 1),)
+    assert METHOD_COSTS[(Method.AR, Kind.DENSE)](dense, flat).fused_allreduce
+    assert METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, flat).collectives == (Collective("allgather", 2),)
+    assert METHOD_COSTS[(Method.PS, Kind.SPARSE)](sparse, flat).collectives == (Collective("alltoall", 3),)
+    assert METHOD_COSTS[(Method.PS, Kind.DENSE)](dense, flat).collectives == (Collective("alltoall", 2),)
+    assert METHOD_COSTS[(Method.PS, Kind.SPARSE)](sparse, two_level).collectives == (
+        Collective("alltoall", 3, "machine"), Collective("alltoall", 3, "cross"))
+    assert METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, two_level).collectives == (
+        Collective("alltoall", 4, "machine"), Collective("alltoall", 2, "cross"))
+    assert isinstance(METHOD_COSTS[(Method.PS, Kind.DENSE)](dense, flat), MethodCost)
+
+
+def test_estimates_charge_each_variable_its_entry_and_baselines_their_own():
+    """The plan's total is the sum of the entries its methods name; a baseline's total is the
+    sum of the baseline's entries, whatever the plan chose."""
+    prof, cluster = lm_profile(), ClusterSpec(machines=8, workers_per_machine=2)
+    plan = make_plan(prof, cluster, "hybrid")
+    est = estimate(prof, plan)
+    entries = [METHOD_COSTS[(plan.method(v.name), v.kind)](v, cluster).bytes_per_step for v in prof.variables]
+    assert est.bytes_per_machine_per_step == pytest.approx(sum(entries))
+    assert set(est.method_bytes_per_machine_per_step) == {"ps", "ar"}
+    tf_ps = sum(BASELINES[TF_PS][v.kind](v, cluster).bytes_per_step for v in prof.variables)
+    assert variable_cost(prof.variables[0], cluster).bytes_for(TF_PS) > 0 and tf_ps > est.bytes_per_machine_per_step
+    one_machine, eight = step_time_curve(prof, cluster, TF_PS, machines=[1, 8])
+    assert one_machine[1] == pytest.approx(prof.step_time_s)  # nothing crosses machines on one machine
+    assert eight[1] > one_machine[1]
