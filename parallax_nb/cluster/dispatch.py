@@ -230,10 +230,12 @@ class RunController:
                     return
                 if self._first_error is not None and now - self._first_error[0] > self.failure_grace_s:
                     _, rank, exc = self._first_error
-                    # named at once; the cluster's next use waits for the restart (Cluster's lock)
-                    self._mpi_output = self._mpi_output or self.cluster._engine_output()
-                    self.run.fail(self._error_for(rank, exc, others_restarted=True))
-                    self._restart_engines()
+                    # named at once; holding the cluster's lock, so that its next use (a new run,
+                    # status) waits for the restarted engines
+                    with self.cluster._lock:
+                        self._mpi_output = self._mpi_output or self.cluster._engine_output()
+                        self.run.fail(self._error_for(rank, exc, others_restarted=True))
+                        self._restart_engines()
                     return
                 if self.run.stop_requested_at is not None and now - self.run.stop_requested_at > self.stop_grace_s:
                     self._restart_engines()
