@@ -32,7 +32,7 @@ USAGE = f"""%parallax SUBCOMMAND [options]: profile, plan, run and report from o
       train JOB on MPI engines with a live view (Stop button or Ctrl-C stops it) -> `run`
   %parallax report PATH [--profile P] [--plan P] [--run R] [--title T]
       write the cost report: PATH (HTML) and the .csv and .json beside it
-  %parallax cluster start|stop|status [--engines 2]
+  %parallax cluster start|stop|status [--engines 2] [--emulate 2x2@1Gbit/s]
       the notebook's shared MPI engines
 
 %parallax SUBCOMMAND --help lists every option of a subcommand with its default.
@@ -101,6 +101,9 @@ def _report_args(line):
 @magic_arguments("%parallax cluster")
 @argument("action", metavar="ACTION", choices=["start", "stop", "status"], help="start | stop | status")
 @argument("--engines", type=int, default=None, help="engines (MPI ranks) to start (default: 2)")
+@argument("--emulate", default=None, metavar="MxG@BANDWIDTH",
+          help="start the engines on an emulated network of M machines x G engines, e.g. 2x2@1Gbit/s "
+               "(network namespaces on shaped links; needs root)")
 def _cluster_args(line):
     """Start, stop or show the notebook's shared cluster of MPI engines."""
 
@@ -329,8 +332,9 @@ class ParallaxMagics(Magics):
 
         _positive("--engines", args.engines)
         if args.action == "start":
-            c = cluster_module.default_cluster(args.engines or (cluster_module._default.n if cluster_module._default
-                                                                else 2), start=False)
+            default_n = cluster_module._default.n if cluster_module._default and args.emulate is None else None
+            c = cluster_module.default_cluster(args.engines or default_n or (None if args.emulate else 2),
+                                               start=False, emulate=args.emulate)
             was_running = c.running and c.alive()
             c.start()
             how = "reused" if was_running else f"started in {c.start_time_s:.1f} s"

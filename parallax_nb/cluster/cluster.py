@@ -41,14 +41,22 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
 from ..errors import ConfigError, SetupError
+from .engine import LINK_INTERFACE_ENV
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+#: One host: ``mpiexec``'s out-of-band channel advertises and connects over loopback only. Its
+#: listener still binds the wildcard address: Open MPI 4.1 has no parameter for the bind
+#: address (README, "Listening sockets"). The ranks' bytes go through shared memory
+#: (``btl self,vader``); PMIx's TCP listener is loopback-only by default.
+LOOPBACK_ONLY = ["--mca", "oob_tcp_if_include", "lo"]
 
 
 @dataclass(frozen=True)
@@ -170,11 +178,28 @@ class Cluster:
     location:   the address engines use to reach the controller when ``ip`` is 0.0.0.0.
     mpi_args:   extra ``mpiexec`` arguments.
     engine_timeout_s: how long :meth:`start` waits for engines to register.
+    emulate:    ``"2x2@1Gbit/s"``: run the engines on an emulated network of 2 machines x 2
+                engines (network namespaces on shaped links, :mod:`parallax_nb.netem`; root only),
+                through the real-hosts path: its hostfile, mpiexec with its rsh agent, and the
+                controller on this host's address on the cluster's bridge.
     """
 
-    def __init__(self, n: int = 2, profile: str | None = None, hostfile: str | None = None,
+    def __init__(self, n: int | None = None, profile: str | None = None, hostfile: str | None = None,
                  ip: str = "127.0.0.1", location: str | None = None, mpi_args: tuple[str, ...] = (),
-                 engine_timeout_s: float = 120.0):
+                 engine_timeout_s: float = 120.0, emulate: str | None = None):
+        network = None
+        if emulate is not None:
+            from ..netem import EmulatedCluster
+
+            network = EmulatedCluster.from_spec(emulate)
+            if n is not None and n != network.ranks:
+                raise ConfigError(f"emulate={emulate!r} has {network.ranks} engines but n={n}",
+                                  hint=f"leave n out or pass n={network.ranks}")
+            if hostfile is not None or profile is not None or location is not None:
+                raise ConfigError("emulate= makes its own hostfile and controller address",
+                                  hint="pass emulate= alone, or hostfile=/profile= for real hosts")
+            n = network.ranks
+        n = 2 if n is None else n
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"a cluster needs a whole number of engines >= 1, got {n!r}",
                               hint="e.g. Cluster(n=2)")
@@ -195,8 +220,12 @@ class Cluster:
         self._client = None
         self._private_dir: str | None = None
         self._engines: tuple[EngineInfo, ...] = ()
+        # start, restart, stop and status one at a time: a run's watcher thread restarts the
+        # engines after a failure while the notebook may already start the next run
+        self._lock = threading.RLock()
         self._reaper: subprocess.Popen | None = None
         self.start_time_s: float | None = None
+        self.network = network     # an EmulatedCluster (emulate=): its machines host the engines
 
     # ----- life cycle --------------------------------------------------------------------------
     def _profile_kwargs(self) -> dict:
@@ -243,14 +272,14 @@ class Cluster:
         flavour = _mpi_flavour()
         args: list[str] = []
         if flavour == "openmpi":
-            args += ["--bind-to", "none"]
             if self.hostfile is None:
-                args += ["--oversubscribe"]   # a laptop may have fewer cores than engines
-                # one host: ranks talk through shared memory, so no rank listens on a TCP port of
-                # every interface (Open MPI's TCP transport binds 0.0.0.0 and ::)
-                args += ["--mca", "btl", "self,vader"]
+                # a laptop may have fewer cores than engines; ranks talk through shared memory,
+                # and mpiexec talks to its ranks over loopback (see LOOPBACK_ONLY)
+                args += ["--bind-to", "none", "--oversubscribe", "--mca", "btl", "self,vader", *LOOPBACK_ONLY]
             else:
-                args += ["-x", "PYTHONPATH", "-x", "IPP_CONNECTION_INFO", "-x", "PATH"]
+                forwarded = ["PYTHONPATH", "IPP_CONNECTION_INFO", "PATH", *self._engine_environment()]
+                args += [a for name in dict.fromkeys(forwarded) for a in ("-x", name)]
+                args += self.network.transport_args() if self.network is not None else ["--bind-to", "none"]
         if self.hostfile is not None:
             args += ["--hostfile", self.hostfile] if flavour != "mpich" else ["-f", self.hostfile]
         return args + list(self.mpi_args)
@@ -260,6 +289,8 @@ class Cluster:
                "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
         if hasattr(os, "geteuid") and os.geteuid() == 0:   # Open MPI refuses root without these
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        if self.network is not None:   # each engine reads its machine's link counters per step
+            env[LINK_INTERFACE_ENV] = self.network.interface
         return env
 
     def _new_ipp_cluster(self):
@@ -281,10 +312,11 @@ class Cluster:
         If the controller runs but engines died or are missing, the engines are restarted.
         Raises :class:`SetupError` naming the cause when engines do not register in time.
         """
-        if self.running and self.alive():
-            return self
-        with progress.task("cluster", f"starting a cluster of {self.n} MPI engines"):
-            return self._start()
+        with self._lock:
+            if self.running and self.alive():
+                return self
+            with progress.task("cluster", f"starting a cluster of {self.n} MPI engines"):
+                return self._start()
 
     def _start(self) -> "Cluster":
         t0 = time.monotonic()
@@ -292,8 +324,13 @@ class Cluster:
             self._restart_engines()
         else:
             self.stop()
-            self._ipp = self._new_ipp_cluster()
             try:
+                if self.network is not None:
+                    progress.phase("cluster", f"building the emulated network ({self.network})", done=0, total=self.n)
+                    self.network.up()
+                    self.hostfile = self.network.hostfile
+                    self.ip = self.location = self.network.gateway
+                self._ipp = self._new_ipp_cluster()
                 progress.phase("cluster", "starting the controller", done=0, total=self.n)
                 self._ipp.start_controller_sync()
                 make_private(self._ipp.profile_dir)
@@ -380,10 +417,11 @@ class Cluster:
 
     def restart_engines(self) -> "Cluster":
         """Kill every engine (also ranks stuck in a collective) and start new ones; ~5-10 s."""
-        if self._ipp is None or self._ipp.controller is None:
-            return self.start()
-        self._restart_engines()
-        return self
+        with self._lock:
+            if self._ipp is None or self._ipp.controller is None:
+                return self.start()
+            self._restart_engines()
+            return self
 
     def stop(self) -> None:
         """Stop engines, mpiexec and controller; remove the private profile folder.
@@ -391,11 +429,12 @@ class Cluster:
         Whatever is still running 5 s after ipyparallel's own shutdown (an engine stuck in a
         collective, a nanny) is killed, so no process outlives the cluster.
         """
-        if self._ipp is None:
-            return self._stop()
-        with progress.task("cluster", f"stopping the cluster of {self.n} MPI engines"):
-            progress.phase("cluster", "stopping the engines and the controller")
-            self._stop()
+        with self._lock:
+            if self._ipp is None:
+                return self._stop()
+            with progress.task("cluster", f"stopping the cluster of {self.n} MPI engines"):
+                progress.phase("cluster", "stopping the engines and the controller")
+                self._stop()
 
     def _stop(self) -> None:
         leftovers = _descendants(self._process_ids()) if self._ipp is not None else []
@@ -415,6 +454,9 @@ class Cluster:
             progress.phase("cluster", "ending leftover processes")
         _terminate(leftovers, grace_s=5.0)
         self._engines = ()
+        if self.network is not None:   # also ends what still runs inside its machines
+            self.network.down()
+            self.hostfile, self.ip, self.location = None, "127.0.0.1", None
         self._disarm_reaper()
         if self._private_dir is not None:
             shutil.rmtree(self._private_dir, ignore_errors=True)
@@ -455,6 +497,12 @@ class Cluster:
         return all(e.engine_id in registered for e in self._engines) and all(
             es.running for es in self._ipp.engines.values()) and bool(self._ipp.engines)
 
+    def mpiexec_exited(self) -> bool:
+        """True when the engines' ``mpiexec`` has ended (e.g. it ended every rank because one
+        died): their tasks will never return, whatever the controller still believes."""
+        return self._ipp is not None and bool(self._ipp.engines) and not any(
+            es.running for es in self._ipp.engines.values())
+
     @property
     def profile_dir(self) -> str | None:
         return self._ipp.profile_dir if self._ipp is not None else None
@@ -481,11 +529,12 @@ class Cluster:
         return pids
 
     def status(self) -> ClusterStatus:
-        """Engines, their ids, ranks and hosts, and whether all are alive."""
-        if not self.running:
-            return ClusterStatus(running=False, engines_requested=self.n, controller_ip=self.ip)
-        return ClusterStatus(running=True, engines_requested=self.n, engines=self._engines,
-                             controller_ip=self.ip, profile_dir=self._ipp.profile_dir, alive=self.alive())
+        """Engines, their ids, ranks and hosts, and whether all are alive (after a restart under way)."""
+        with self._lock:
+            if not self.running:
+                return ClusterStatus(running=False, engines_requested=self.n, controller_ip=self.ip)
+            return ClusterStatus(running=True, engines_requested=self.n, engines=self._engines,
+                                 controller_ip=self.ip, profile_dir=self._ipp.profile_dir, alive=self.alive())
 
     def __enter__(self) -> "Cluster":
         return self.start()
@@ -500,17 +549,21 @@ class Cluster:
 _default: Cluster | None = None
 
 
-def default_cluster(n: int | None = None, start: bool = True) -> Cluster:
+def default_cluster(n: int | None = None, start: bool = True, emulate: str | None = None) -> Cluster:
     """The notebook's shared cluster: reused by every run with the same engine count.
 
-    A different ``n`` stops the old cluster and starts one of the new size.
+    A different ``n`` stops the old cluster and starts one of the new size; ``emulate``
+    (``"2x2@1Gbit/s"``, see :class:`Cluster`) makes it one on an emulated network, and a
+    different ``emulate`` replaces it.
     """
     global _default
-    if _default is not None and n is not None and _default.n != n:
+    wanted = Cluster(n=n, emulate=emulate) if emulate is not None else None   # checks the arguments first
+    if _default is not None and ((n is not None and _default.n != n) or (
+            emulate is not None and getattr(_default.network, "spec", None) != wanted.network.spec)):
         _default.stop()
         _default = None
     if _default is None:
-        _default = Cluster(n=n or 2)
+        _default = wanted or Cluster(n=n or 2)
     if start:
         _default.start()
     return _default

@@ -144,7 +144,7 @@ class RunController:
             else:
                 message = (f"rank {rank} (engine {engine_id} on host {host}) died while training: its process "
                            "ended (killed, out of memory, or crashed)")
-        hint = ("the other ranks were stopped and the engines restarted; the cluster is ready for the next run"
+        hint = ("the other ranks are stopped and the engines restarted; the next run waits for them"
                 if others_restarted else "fix the cause above and run again")
         err = DistributedError(message, hint=hint)
         err.rank, err.engine_id, err.host, err.remote_traceback = rank, engine_id, host, remote_tb
@@ -217,6 +217,12 @@ class RunController:
                     return
                 self._check_failures()
                 now = time.monotonic()
+                if self._first_error is None and self.cluster.mpiexec_exited():
+                    # a rank died and mpiexec ended the others: no need to wait for heartbeats
+                    from ipyparallel.error import EngineError
+
+                    self._first_error = (now - self.failure_grace_s, 0, EngineError("the engines' mpiexec exited"))
+                    continue
                 if self._abort_reason is not None:
                     self._restart_engines()
                     self.stop_latency_s = now - (self.run.stop_requested_at or now)
@@ -224,8 +230,12 @@ class RunController:
                     return
                 if self._first_error is not None and now - self._first_error[0] > self.failure_grace_s:
                     _, rank, exc = self._first_error
-                    self._restart_engines()
-                    self.run.fail(self._error_for(rank, exc, others_restarted=True))
+                    # named at once; holding the cluster's lock, so that its next use (a new run,
+                    # status) waits for the restarted engines
+                    with self.cluster._lock:
+                        self._mpi_output = self._mpi_output or self.cluster._engine_output()
+                        self.run.fail(self._error_for(rank, exc, others_restarted=True))
+                        self._restart_engines()
                     return
                 if self.run.stop_requested_at is not None and now - self.run.stop_requested_at > self.stop_grace_s:
                     self._restart_engines()
@@ -329,6 +339,7 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
     controller.error_dir = error_dir
     the_run._controller = controller
     the_run.cluster = cluster
+    the_run.hosts = controller.hosts
     controller.thread.start()
     if wait:
         the_run.wait()

@@ -31,6 +31,25 @@ from typing import Any, Callable
 STOP_SIGNAL = signal.SIGUSR1
 RECORD_KEY_PREFIX = "px_record"   # data keys: "px_record:<rank>:<step>"
 STATUS_KEY = "px_status"
+#: the network interface of this engine's machine whose kernel counters each step record
+#: carries (``link_bytes``, ``link_packets``: received + sent so far), e.g. ``eth0``; unset: none
+LINK_INTERFACE_ENV = "PARALLAX_NB_LINK_INTERFACE"
+
+
+def link_counters() -> tuple[int, int] | None:
+    """(bytes, packets) received + sent so far by this machine's link (:data:`LINK_INTERFACE_ENV`),
+    read from the kernel's interface statistics; None when no interface is named."""
+    interface = os.environ.get(LINK_INTERFACE_ENV)
+    if not interface:
+        return None
+    totals = []
+    for unit in ("bytes", "packets"):
+        total = 0
+        for direction in ("rx", "tx"):
+            with open(f"/sys/class/net/{interface}/statistics/{direction}_{unit}") as f:
+                total += int(f.read())
+        totals.append(total)
+    return totals[0], totals[1]
 
 
 class StopFlag:
@@ -89,6 +108,9 @@ class ProgressPublisher:
         from .handle import record_to_dict
 
         d = record_to_dict(record)
+        link = link_counters()
+        if link is not None:   # read right after the step: its traffic is in, the next step's not yet
+            d.update(link_bytes=link[0], link_packets=link[1])
         self._publish({f"{RECORD_KEY_PREFIX}:{self.rank}:{d['step']:09d}": d})
         self.steps_published += 1
 

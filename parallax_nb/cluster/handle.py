@@ -89,6 +89,8 @@ class Run:
         self._finished = threading.Event()
         self._observers: list[Callable[["Run", str], None]] = []
         self._controller = None                  # set by dispatch: has .request_stop(), .abort()
+        self.hosts: list[str] = []               # per rank, set by dispatch before records arrive
+        self._link_marks: dict[str, dict[int, tuple]] = {}   # host -> step -> its link's (bytes, packets) so far
 
     # ----- observation -------------------------------------------------------------------------
     def observe(self, callback: Callable[["Run", str], None]) -> None:
@@ -114,6 +116,11 @@ class Run:
         with self._lock:
             dicts = [record_to_dict(r) for r in records]
             self._last_step_by_rank[rank] = max([self._last_step_by_rank.get(rank, -1)] + [d["step"] for d in dicts])
+            if self.hosts and self.hosts.index(self.hosts[rank]) == rank:   # one reader per machine
+                for d in dicts:
+                    if d.get("link_bytes") is not None:
+                        self._link_marks.setdefault(self.hosts[rank], {})[d["step"]] = (
+                            int(d["link_bytes"]), int(d["link_packets"]))
             if rank == 0:
                 if self.phase != "training" and not self.phase.startswith("gathering") and not self.done:
                     self.phase, self.phase_started_at = "training", time.time()
@@ -229,6 +236,40 @@ class Run:
                     totals[name] = totals.get(name, 0.0) + value
         return {name: total / counted for name, total in totals.items()} if counted else {}
 
+    @property
+    def machines(self) -> tuple[int, int] | None:
+        """(machines, engines per machine) when the engines span several hosts, else None."""
+        hosts = list(dict.fromkeys(self.hosts))
+        return (len(hosts), len(self.hosts) // len(hosts)) if len(hosts) > 1 else None
+
+    def link_bytes_per_step(self) -> dict[str, float]:
+        """Per machine (host): bytes its network link carried per step, received + sent, from
+        the kernel's counters that its first engine read after every step (engines started
+        with ``PARALLAX_NB_LINK_INTERFACE``, e.g. ``Cluster(emulate=...)``). Over the steps after
+        the first streamed one (the first also carries start-up traffic); {} when not known."""
+        return self._link_per_step(0)
+
+    def link_packets_per_step(self) -> dict[str, float]:
+        """Per machine (host): packets (frames) its link carried per step, received + sent; as
+        :meth:`link_bytes_per_step`."""
+        return self._link_per_step(1)
+
+    def _link_per_step(self, counter: int) -> dict[str, float]:
+        out = {}
+        with self._lock:
+            for host, marks in self._link_marks.items():
+                steps = sorted(marks)
+                if len(steps) >= 2:
+                    out[host] = (marks[steps[-1]][counter] - marks[steps[0]][counter]) / (steps[-1] - steps[0])
+        return out
+
+    def predicted_link_bytes_per_step(self) -> float | None:
+        """Bytes per step the cost model predicts for each machine's link (a rank's prediction
+        times engines per machine), or None without a prediction."""
+        predicted = self.predicted_bytes_by_variable()
+        machines = self.machines
+        return sum(predicted.values()) * machines[1] if predicted and machines else None
+
     def predicted_bytes_by_variable(self) -> dict[str, float]:
         """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.
 
@@ -246,6 +287,9 @@ class Run:
         cluster = getattr(plan, "cluster", None)
         planned_here = cluster is not None and cluster.workers == self.engines
         workers = cluster.workers_per_machine if planned_here else 1
+        if self.machines is not None:   # engines on several hosts: the runtime finds these machines
+            planned_here = planned_here and cluster.workers_per_machine == self.machines[1]
+            workers = self.machines[1]
         if self.profile is not None:
             from ..cost import variable_cost
             from ..types import ClusterSpec

@@ -6,7 +6,8 @@ engines and nannies would run on as orphans. :class:`~parallax_nb.cluster.Cluste
 reaper per cluster: ``python -m parallax_nb.cluster.reaper OWNER_PID PIDFILE [DIR]``. It
 polls every ``POLL_S`` seconds; when ``OWNER_PID`` is gone it reads the pids in ``PIDFILE``
 (rewritten by the Cluster whenever engines restart), terminates each with its descendants
-(SIGTERM, then SIGKILL after 3 s), removes ``DIR`` (the private profile) and exits. When the
+(SIGTERM, then SIGKILL after 3 s), removes the emulated networks the owner built (their
+namespaces, links and whatever runs inside), removes ``DIR`` (the private profile) and exits. When the
 Cluster stops normally it removes ``PIDFILE``, and the reaper exits quietly.
 """
 from __future__ import annotations
@@ -44,6 +45,15 @@ def _kill_trees(pids: list[int]) -> None:
             pass
 
 
+def _remove_networks_of(owner: int) -> None:
+    """Remove the emulated networks (namespaces, links) the dead owner had built."""
+    from ..netem import links
+
+    for record in links.records():
+        if record.owner_pid == owner:
+            links.remove(record)
+
+
 def main(argv: list[str]) -> int:
     import psutil
 
@@ -61,6 +71,7 @@ def main(argv: list[str]) -> int:
     except (OSError, ValueError):
         pids = []
     _kill_trees(pids)
+    _remove_networks_of(owner)
     if directory:
         shutil.rmtree(directory, ignore_errors=True)
     return 0

@@ -76,11 +76,24 @@ class EmulatedCluster:
         self._previous_handlers: dict = {}
         self._closed = True
 
+    @classmethod
+    def from_spec(cls, spec: str) -> "EmulatedCluster":
+        """``"2x2@1Gbit/s"``: MACHINES x WORKERS per machine @ link BANDWIDTH (``"2x2"``: unshaped).
+        Nothing is created until :meth:`up`."""
+        machines, workers, bandwidth = parse_spec(spec)
+        return cls(machines=machines, workers_per_machine=workers, bandwidth=bandwidth)
+
     # -- public --------------------------------------------------------------------------------
 
     @property
     def ranks(self) -> int:
         return self.num_machines * self.workers_per_machine
+
+    @property
+    def spec(self) -> str:
+        """``"2x2@1Gbit/s"``: what :meth:`from_spec` reads."""
+        shape = f"{self.num_machines}x{self.workers_per_machine}"
+        return shape if self.bandwidth_bps is None else f"{shape}@{self.bandwidth}"
 
     @property
     def bandwidth(self) -> str:
@@ -91,8 +104,24 @@ class EmulatedCluster:
         self._require_up()
         return os.path.join(self._workdir, "hostfile")
 
+    #: every machine's network interface inside its namespace (the far end of its link)
+    interface = "eth0"
+
+    @property
+    def gateway(self) -> str:
+        """This host's address on the cluster's bridge: where an ipyparallel controller listens
+        so that engines on every machine reach it (and nothing else does)."""
+        self._require_up()
+        return self.subnet.rsplit(".", 1)[0] + ".1"
+
     def mpirun_args(self) -> list[str]:
-        """Arguments for ``mpirun`` (before the program) that place ranks on the namespaces.
+        """Arguments for ``mpirun`` (before the program) that place ranks on the namespaces:
+        ``--hostfile`` :attr:`hostfile` and :meth:`transport_args`."""
+        return ["--hostfile", self.hostfile, *self.transport_args()]
+
+    def transport_args(self) -> list[str]:
+        """The ``mpirun`` arguments besides the hostfile: how a real cluster's MPI would be
+        told which network to use, plus the rsh agent that reaches the namespaces.
 
         Ranks fill machines in order (rank r on machine r // workers_per_machine); MPI's
         byte transport and its out-of-band channel use only the cluster's subnet; no core
@@ -109,7 +138,7 @@ class EmulatedCluster:
         small alltoalls took 31 ms per collective spinning, 1.4 ms yielding.
         """
         self._require_up()
-        return ["--hostfile", self.hostfile, "--map-by", "slot", "--bind-to", "none",
+        return ["--map-by", "slot", "--bind-to", "none",
                 "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
                 "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", self.subnet,
                 "--mca", "oob_tcp_if_include", self.subnet, "--mca", "rtc_hwloc_vmhole", "none",
@@ -239,6 +268,19 @@ class EmulatedCluster:
         if self._closed or self._workdir is None:
             raise SetupError("the emulated cluster is not up",
                              hint="use it inside `with EmulatedCluster(...) as cluster:` or call .up() first")
+
+
+def parse_spec(spec: str) -> tuple[int, int, "str | None"]:
+    """``"2x2@1Gbit/s"`` -> (2, 2, "1Gbit/s"); ``"2x2"`` -> (2, 2, None): unshaped links."""
+    shape, _, bandwidth = str(spec).partition("@")
+    try:
+        machines, workers = (int(x) for x in shape.lower().replace(" ", "").split("x"))
+    except ValueError:
+        raise ConfigError(f"cannot read the emulated network {spec!r}",
+                          hint='write MACHINESxWORKERS@BANDWIDTH, e.g. "2x2@1Gbit/s" (2 machines of 2 engines)') from None
+    if bandwidth:
+        parse_bandwidth(bandwidth)
+    return machines, workers, bandwidth or None
 
 
 def _raise_system_exit(signum, frame):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import SetupError
 
 _initialised = False
+_process_sets: dict[tuple[int, ...], object] = {}
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def horovod():
         raise SetupError(f"Horovod for TensorFlow cannot be imported: {e}",
                          hint="run scripts/setup.sh (builds horovod==0.28.1 against the installed TensorFlow)") from None
     if not _initialised:
-        hvd.init()
+        # "dynamic": process sets (a machine's ranks, one local index across machines) are
+        # added once the run knows its machines (:func:`process_set`)
+        hvd.init(process_sets="dynamic")
         if not hvd.mpi_enabled():
             raise SetupError("Horovod was built without MPI support",
                              hint="rebuild with HOROVOD_WITH_MPI=1 (scripts/setup.sh does)")
@@ -49,6 +52,22 @@ def horovod():
         place_process(hvd.local_rank(), hvd.local_size(), socket.gethostname())  # before any TensorFlow op
         _initialised = True
     return hvd
+
+
+def process_set(ranks: list[int]):
+    """The Horovod process set of ``ranks`` (world ranks, ascending), added on first use.
+
+    A collective: every rank of the job must ask for the same sets in the same order, members
+    or not (Horovod builds an MPI communicator per set). Kept for the life of the process:
+    engines run many trainings, and Horovod refuses a second set of the same ranks. The
+    world's ranks are Horovod's global set."""
+    hvd = horovod()
+    key = tuple(ranks)
+    if key == tuple(range(hvd.size())):
+        return hvd.global_process_set
+    if key not in _process_sets:
+        _process_sets[key] = hvd.add_process_set(list(key))
+    return _process_sets[key]
 
 
 def rank_info() -> RankInfo:
@@ -65,6 +84,8 @@ def shutdown() -> None:
 
         hvd.shutdown()
         _initialised = False
+        _process_sets.clear()
+_process_sets: dict[tuple[int, ...], object] = {}
 
 
 def configure_threads() -> None:

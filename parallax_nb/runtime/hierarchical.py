@@ -2,13 +2,24 @@
 machines (Parallax's local aggregation; DESIGN.md §5, cost model in :mod:`parallax_nb.cost.model`).
 
 The topology must be uniform: N machines of G ranks, rank ``r`` on machine ``r // G`` at local
-index ``j = r % G`` (see :mod:`.topology`). Every step is a Horovod ``alltoall`` whose split
-sizes are zero for the ranks it does not talk to, so one mechanism serves both levels:
+index ``j = r % G`` (see :mod:`.topology`). Every step is a Horovod ``alltoall``, so one
+mechanism serves both levels:
 
-* *local* steps exchange only with the G ranks of the own machine (shared memory; no bytes
-  on the network);
+* *local* steps exchange only with the G ranks of the own machine, inside the machine's
+  Horovod process set: shared memory, and neither bytes nor Horovod's coordination of the
+  step cross the machine's link;
 * *cross* steps exchange only with the N ranks of the same local index on every machine, so
-  each machine's G ranks share the network work and every byte crosses machines once.
+  each machine's G ranks share the network work and every byte crosses machines once. They
+  run over all ranks with zero-length parts to the rest (those to the own machine's ranks
+  stay in shared memory): Horovod coordinates every process set in every cycle (1 ms), so a
+  set per local index would add its own rounds of messages across the links all the time,
+  while Horovod's coordination of all ranks crosses them anyway.
+
+Callers describe a step by a split vector over all W ranks (:meth:`Hierarchy.splits`, zero
+for ranks it does not talk to); :meth:`Hierarchy.alltoall` runs a step whose peers are the own
+machine in the machine's process set and hands back what was received as a vector over all
+W ranks again. Every rank adds the N machine sets in the same order when its Hierarchy is
+built (a collective; :func:`.context.process_set`).
 
 Dense gradients are not aggregated here: a flat allreduce over ranks placed machine by
 machine already crosses machines about as a two-level ring would, in one collective instead
@@ -23,6 +34,8 @@ its union once to each of the N - 1 other machines: ``2 * alpha_G * (m + 8 R) * 
 PS lookups with local aggregation live in :mod:`.sharded` (they use :func:`local_splits`).
 """
 from __future__ import annotations
+
+import weakref
 
 import tensorflow as tf
 
@@ -50,6 +63,13 @@ class Hierarchy:
         # every rank grouped by local index (0 first): the order of blocks that a machine's
         # ranks exchange when rank i handles the owners of local index i
         self.by_local_index = [r for i in range(self.G) for r in self.peers_of(i)]
+        self._sets: dict[tuple[int, ...], object] = {}   # peers -> Horovod process set of a step
+        if self.G > 1:
+            from .context import process_set
+
+            machine_sets = [process_set(list(range(k * self.G, (k + 1) * self.G))) for k in range(self.N)]
+            self._sets[tuple(self.local_peers)] = machine_sets[self.machine]
+        self._peers_of_splits: dict[int, tuple] = {}   # id(split vector) -> (weak ref, peers)
 
     def peers_of(self, local_index: int) -> list[int]:
         """The ranks of ``local_index`` on every machine, in machine order."""
@@ -60,15 +80,28 @@ class Hierarchy:
         """A length-W split vector: ``sizes[i]`` rows to ``peers[i]``, none to anyone else.
         ``sizes`` may hold Python ints or int32 scalar tensors."""
         by_rank = dict(zip(peers, sizes))
-        return tf.stack([tf.cast(by_rank.get(r, 0), tf.int32) for r in range(self.W)])
+        vector = tf.stack([tf.cast(by_rank.get(r, 0), tf.int32) for r in range(self.W)])
+        key = id(vector)
+        self._peers_of_splits[key] = (weakref.ref(vector, lambda _: self._peers_of_splits.pop(key, None)),
+                                      tuple(peers))
+        return vector
 
     def local_splits(self, rows) -> tf.Tensor:
         """``rows`` to every rank of this machine (self included), none elsewhere."""
         return self.splits(self.local_peers, [rows] * self.G)
 
     def alltoall(self, x: tf.Tensor, splits: tf.Tensor, name: str):
-        out, received = self.hvd.alltoall(x, splits=splits, name=name, ignore_name_scope=True)
-        return out, received
+        """``x`` split by ``splits`` (over all W ranks) to its peers; (what arrived, rows
+        received from each of the W ranks). Runs in the machine's process set when ``splits``
+        was made by :meth:`splits` for the machine's ranks (module docstring), else over all ranks."""
+        entry = self._peers_of_splits.get(id(splits))
+        peers = entry[1] if entry is not None and entry[0]() is splits else None
+        process_set = self._sets.get(peers)
+        if process_set is None:
+            return self.hvd.alltoall(x, splits=splits, name=name, ignore_name_scope=True)
+        out, received = self.hvd.alltoall(x, splits=tf.gather(splits, peers), name=name, ignore_name_scope=True,
+                                          process_set=process_set)
+        return out, tf.scatter_nd(tf.constant(peers)[:, None], received, [self.W])
 
     def local_gather(self, x: tf.Tensor, name: str) -> tuple[tf.Tensor, tf.Tensor]:
         """The ``x`` of every rank of this machine, concatenated in rank order (and the split

@@ -105,7 +105,7 @@ class ShardedVariable:
 
 
 def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str,
-                  what: str = "rows", registrations: list[str] | None = None) -> tf.Tensor:
+                  what: str = "rows", registrations: list[str] | None = None, hierarchy=None) -> tf.Tensor:
     """alltoall of the rows owners serve back to their requesters, with an explicitly named
     reverse alltoall as its gradient (row gradients to the owners).
 
@@ -121,13 +121,17 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
     """
     import horovod.tensorflow as hvd
 
+    def alltoall(x, splits, name):   # within the hierarchy's process set of the splits' peers, if given
+        if hierarchy is not None:
+            return hierarchy.alltoall(x, splits, name)
+        return hvd.alltoall(x, splits=splits, name=name, ignore_name_scope=True)
+
     @tf.custom_gradient
     def exchange(x):
-        y, _ = hvd.alltoall(x, splits=send_splits, name=f"px_{what}_{tag}", ignore_name_scope=True)
+        y, _ = alltoall(x, send_splits, f"px_{what}_{tag}")
 
         def grad(dy):
-            dx, _ = hvd.alltoall(tf.convert_to_tensor(dy), splits=receive_splits, name=f"px_{what}grads_{tag}",
-                                 ignore_name_scope=True)
+            dx, _ = alltoall(tf.convert_to_tensor(dy), receive_splits, f"px_{what}grads_{tag}")
             return dx
 
         return y, grad
@@ -231,7 +235,7 @@ class ShardedLookupRouter:
         counts = [tf.reduce_sum(tf.cast(tf.equal(requester, i), tf.int32)) for i in range(h.G)]
         shared = exchange_rows(tile_rows(my_rows, h.G), send_splits=h.local_splits(tf.shape(my_rows)[0]),
                                receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share",
-                               registrations=self.gradient_registrations)
+                               registrations=self.gradient_registrations, hierarchy=h)
         places = tf.concat([tf.cast(tf.where(tf.equal(requester, i))[:, 0], tf.int32) for i in range(h.G)], 0)
         union_rows = tf.gather(shared, tf.math.invert_permutation(places))
         return tf.gather(union_rows, mine)

@@ -109,6 +109,19 @@ def render_bytes_table(rows: list[dict]) -> str:
                             body)
 
 
+def render_link_table(run) -> str:
+    """Per machine: the bytes per step its network link carried (the kernel's counters, read by
+    the engines) next to the cost model's prediction for one machine; "" when not measured."""
+    measured = run.link_bytes_per_step()
+    if not measured:
+        return ""
+    predicted = run.predicted_link_bytes_per_step()
+    body = [[style.name_cell(host), format_bytes(predicted) if predicted else "-", format_bytes(value),
+             f"{value / predicted:.2f}" if predicted else "-"] for host, value in measured.items()]
+    return style.html_table(["machine", "predicted link / step", "link counters / step", "measured / predicted"],
+                            body)
+
+
 class RunView(SnapshotDisplay, widgets.VBox):
     """Live progress of a Run, with a Stop button. ``RunView(run)``; display it in a notebook."""
 
@@ -246,7 +259,7 @@ class RunView(SnapshotDisplay, widgets.VBox):
             self._drawn_steps = steps_done
             self._last_draw = time.monotonic()
             self.charts.value = render_charts(self.chart_data())
-            self.bytes_table.value = render_bytes_table(self.bytes_rows())
+            self.bytes_table.value = render_bytes_table(self.bytes_rows()) + render_link_table(self.run)
 
     def summary_line(self) -> str:
         return f"Run on {self.run.engines} MPI engines: {self.status_text()}"

@@ -1,0 +1,391 @@
+"""ipyparallel engines on the machines of an emulated network, driven from Python as a notebook
+drives them (``Cluster(emulate="2x2@1Gbit/s")`` = ``%parallax cluster start --emulate ...``).
+
+One cluster start for the module: real network namespaces on 1 Gbit/s links, real engines
+started by ``mpiexec --hostfile`` through the rsh agent, real Horovod. The engines take the
+path a user's engines take on real hosts; the tests check what a user would: same weights as
+single-device training, the links carry the predicted bytes, stop, a killed engine named,
+listening sockets, and nothing left behind.
+"""
+import functools
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+pytest.importorskip("mpi4py")
+pytest.importorskip("horovod.tensorflow")
+
+import parallax_nb as px  # noqa: E402
+from parallax_nb.cluster import Cluster  # noqa: E402
+from parallax_nb.errors import DistributedError  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="the emulated network needs root (network namespaces)")
+NETWORK = "2x2@1Gbit/s"
+STEPS = 30
+SGD_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def our_processes() -> dict[int, str]:
+    """pid -> name of every process this test process started (cluster, engines, mpiexec...)."""
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[p.pid] = p.name()
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+_LISTEN = re.compile(r"^LISTEN\s+\d+\s+\d+\s+(\S+):(\d+)\s+\S+\s*(.*)$")
+
+
+def listeners(netns: str | None = None) -> list[tuple[str, list[int]]]:
+    """(address, owning pids) of every listening TCP socket (``ss -ltnp``), in ``netns`` if given."""
+    cmd = (["ip", "netns", "exec", netns] if netns else []) + ["ss", "-ltnpH"]
+    out = []
+    for line in subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines():
+        m = _LISTEN.match(line.strip())
+        if m:
+            out.append((m[1].strip("[]"), [int(p) for p in re.findall(r"pid=(\d+)", m[3])]))
+    return out
+
+
+def wildcard(address: str) -> bool:
+    return address in ("0.0.0.0", "*", "::")
+
+
+def loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"
+
+
+def assert_only_open_mpi_oob_on_wildcard(found, ours, allowed) -> None:
+    """Every listener of our processes is on an ``allowed`` address, except the out-of-band
+    listener of mpiexec, which Open MPI 4.1 always binds to the wildcard address (README,
+    "Listening sockets")."""
+    for address, pids in found:
+        mine = [p for p in pids if p in ours]
+        if not mine or allowed(address):
+            continue
+        assert wildcard(address) and {ours[p] for p in mine} == {"mpiexec"}, (address, {p: ours[p] for p in mine})
+
+
+def wait_for_steps(the_run, steps: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while the_run.steps_done < steps and not the_run.done and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert the_run.steps_done >= steps, (the_run.status, the_run.message)
+
+
+def namespaces_and_links(cluster_id: str) -> list[str]:
+    prefix = "pxnb" + cluster_id
+    found = [n for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
+    found += [n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else []) if n.startswith(prefix)]
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The notebook's cluster, started as a user would: ``%parallax cluster start --emulate``."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from parallax_nb.cluster.cluster import current_default_cluster, stop_default_cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("the emulated network needs root (network namespaces)")
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "parallax_nb")
+    try:
+        start = time.monotonic()
+        shell.run_line_magic("parallax", f"cluster start --emulate {NETWORK}")
+        print(f"\nemulated {NETWORK} cluster of 4 engines started in {time.monotonic() - start:.1f} s")
+        yield current_default_cluster()
+    finally:
+        stop_default_cluster()
+        from parallax_nb.netem import links
+
+        for record in links.records():   # a safety net: the test asserts that stop() removed them
+            if record.owner_pid == os.getpid():
+                links.remove(record)
+
+
+@NEEDS_ROOT
+def test_engines_run_on_the_machines_through_the_hostfile_path(cluster):
+    net = cluster.network
+    status = cluster.status()
+    assert status.alive and status.ranks == [0, 1, 2, 3]
+    assert [e.host for e in status.engines] == [m.namespace for m in net.machines for _ in range(2)]
+    for e in status.engines:   # each engine process really lives in its machine's namespace
+        assert os.stat(f"/proc/{e.pid}/ns/net").st_ino == os.stat(f"/run/netns/{e.host}").st_ino
+    # the controller listens on this host's address on the cluster's bridge, not on 0.0.0.0
+    assert status.controller_ip == net.gateway != "0.0.0.0"
+    import json
+
+    engine_file = [f for f in cluster.connection_files() if f.endswith("engine.json")]
+    info = json.load(open(engine_file[0]))
+    assert info["location"] == net.gateway and info["interface"].endswith(net.gateway)
+    assert info["signature_scheme"] == "hmac-sha256" and len(info["key"]) >= 32
+    # engines were started by mpiexec with the hostfile, the rsh agent and the cluster's subnet
+    (mpiexec,) = [psutil.Process(p) for p in cluster.mpiexec_pids()]
+    line = mpiexec.cmdline()
+    assert line[line.index("--hostfile") + 1] == net.hostfile
+    assert open(net.hostfile).read().split() == [w for m in net.machines for w in (m.namespace, "slots=2")]
+    assert any(a.endswith("rsh_agent.sh") for a in line) and net.subnet in line
+
+
+def on_engines(cluster, fn, *args) -> list:
+    """``fn(*args)`` on every engine, in rank order; shipped by value (engines cannot import tests)."""
+    from parallax_nb.cluster.dispatch import _pickle_function
+
+    view = cluster.client[cluster.engine_ids]
+    view.push({"px_call": _pickle_function(functools.partial(fn, *args))}, block=True)
+    view.execute("import cloudpickle; px_result = cloudpickle.loads(px_call)()", block=True)
+    return view.pull("px_result", block=True)
+
+
+def idle_link_rate(seconds: float) -> tuple[float, float]:
+    """On an engine: (bytes, packets) per second its machine's link carries while no run trains
+    (Horovod's background coordination, ipyparallel's heartbeats)."""
+    import time
+
+    from parallax_nb.cluster.engine import link_counters
+
+    before = link_counters()
+    time.sleep(seconds)
+    after = link_counters()
+    return (after[0] - before[0]) / seconds, (after[1] - before[1]) / seconds
+
+
+def _hybrid_run(job, profile, steps=STEPS, **kwargs):
+    from parallax_nb.cluster.dispatch import default_plan
+
+    plan = default_plan(job, "hybrid")
+    assert plan.ps_variables and plan.local_aggregation
+    return px.run(job, plan, engines=4, steps=steps, display=False, profile=profile, wait=False, **kwargs)
+
+
+@NEEDS_ROOT
+@pytest.mark.parametrize("workload", ["lm", "recommender"])
+def test_hybrid_equals_single_device_and_links_carry_the_prediction(cluster, workload):
+    """HYBRID with local aggregation found from the engines' hosts: the weights of single-device
+    training on the global batch; each machine's link carried the predicted bytes per step
+    (the LM within 5 %; see below for the recommender); while it trains, nobody listens
+    outside the cluster's interfaces."""
+    from parallax_nb.runtime.reference import train_single_device
+    from parallax_nb.workloads import lm_job, recommender_job
+
+    job = lm_job("small", optimizer="sgd") if workload == "lm" else recommender_job("small", optimizer="sgd")
+    prof = px.profile(job, steps=20)
+    idle = on_engines(cluster, idle_link_rate, 3.0)[0]
+    the_run = _hybrid_run(job, prof)
+    wait_for_steps(the_run, 2)
+    ours = our_processes()
+    gateway = cluster.network.gateway
+    assert_only_open_mpi_oob_on_wildcard(listeners(), ours, lambda a: loopback(a) or a == gateway)
+    for m in cluster.network.machines:
+        interfaces = subprocess.run(["ip", "netns", "exec", m.namespace, "ls", "/sys/class/net"],
+                                    capture_output=True, text=True, check=True).stdout.split()
+        assert sorted(interfaces) == ["eth0", "lo"]   # a wildcard listener there = the cluster's link
+        assert listeners(m.namespace), m.namespace
+    the_run.wait(timeout=300)
+    assert the_run.status == "done", the_run.message
+
+    reference, _ = train_single_device(job, STEPS, batch_size=4 * job.batch_size)
+    weights = the_run.weights
+    trainable = [name for name in reference if "seed_generator" not in name]
+    for name in trainable:
+        np.testing.assert_allclose(weights[name], reference[name], **SGD_TOL, err_msg=name)
+
+    measured = the_run.link_bytes_per_step()
+    predicted = the_run.predicted_link_bytes_per_step()
+    step_s = float(the_run.history["step_time_s"][1:].mean())
+    ledger = float(the_run.history["bytes_per_step"][1:].mean())
+    print(f"\n{workload} HYBRID on {NETWORK}: link bytes per step per machine {measured}, predicted {predicted:.0f}, "
+          f"packets per step {the_run.link_packets_per_step()}; rank 0's ledger {ledger:.0f} B/step; "
+          f"idle link {idle[0]:.0f} B/s {idle[1]:.0f} packets/s; step {step_s * 1000:.0f} ms")
+    assert sorted(measured) == [m.namespace for m in cluster.network.machines]
+    # The LM's link carries its predicted bytes within 5 %. The recommender's small payload does
+    # not meet that: Horovod's coordination, which the cost model leaves out, crosses the links
+    # every 1 ms cycle once Horovod runs (measured on an idle link: ~670 KB/s, ~7,000 packets/s),
+    # ~44 KB of the recommender's ~157 KB per step against 112 KB predicted; checked: its payload
+    # is there.
+    for host, value in measured.items():
+        if workload == "lm":
+            assert value == pytest.approx(predicted, rel=0.05), (host, value, predicted)
+        else:
+            assert value >= 0.95 * predicted, (host, value, predicted, idle)
+
+
+def local_steps_on_the_link(use_process_sets: bool, steps: int) -> dict:
+    """On an engine: ``steps`` local gathers of local aggregation (1 KiB each), and the packets
+    its machine's link carried meanwhile and then while idle for as long."""
+    import time
+
+    import tensorflow as tf
+
+    from parallax_nb.cluster.engine import link_counters
+    from parallax_nb.runtime.context import horovod
+    from parallax_nb.runtime.hierarchical import Hierarchy
+    from parallax_nb.runtime.topology import Topology
+
+    hvd = horovod()
+    h = Hierarchy(Topology.blocks(hvd.size(), 2), hvd.rank())
+    if not use_process_sets:
+        h._sets = {}
+    x = tf.ones([256], tf.float32)
+    h.local_gather(x, f"px_probe_warm_{use_process_sets}")
+    hvd.allreduce(tf.constant(0.0), name=f"px_probe_start_{use_process_sets}")   # all ranks start together
+    before = link_counters()[1]
+    start = time.perf_counter()
+    for i in range(steps):
+        h.local_gather(x, f"px_probe_{use_process_sets}_{i}")
+    elapsed = time.perf_counter() - start
+    during = link_counters()[1]
+    time.sleep(elapsed)
+    return {"local_packets": during - before, "idle_packets": link_counters()[1] - during, "seconds": elapsed}
+
+
+@NEEDS_ROOT
+def test_local_steps_in_process_sets_keep_off_the_link(cluster):
+    """200 local-aggregation steps (1 KiB each) in the machine's Horovod process set, against
+    the same steps over all ranks (zero-length parts to the other machine, as before process
+    sets): the link's packet rate while they run, next to its rate while Horovod idles."""
+    probe = {use: on_engines(cluster, local_steps_on_the_link, use, 200)[2] for use in (True, False)}
+    rates = {use: {k: p[k] / p["seconds"] for k in ("local_packets", "idle_packets")} for use, p in probe.items()}
+    print(f"\nmachine 1's link during 200 local steps, then idle as long: {probe}; packets/s {rates}")
+    # over all ranks every local step sends packets across the link; in the machine's set none
+    # does, and what is left is Horovod's coordination of all ranks (less while it is busy)
+    assert rates[True]["local_packets"] < 0.5 * rates[False]["local_packets"], rates
+    assert rates[True]["local_packets"] <= rates[True]["idle_packets"] * 1.2 + 20, rates
+
+
+@NEEDS_ROOT
+def test_stop_within_30_s(cluster):
+    from parallax_nb.workloads import lm_job
+
+    the_run = _hybrid_run(lm_job("tiny", optimizer="sgd"), None, steps=100000)
+    wait_for_steps(the_run, 3)
+    start = time.monotonic()
+    the_run.stop(timeout=40)
+    latency = time.monotonic() - start
+    print(f"\nstop on {NETWORK}: {latency:.2f} s after {the_run.steps_done} steps")
+    assert the_run.status == "stopped" and latency < 30, (the_run.status, latency)
+
+
+def _slow_train(job, plan, steps, **kwargs):
+    """``runtime.train`` with 0.2 s more per step, so a kill lands mid-run."""
+    from parallax_nb.runtime.trainer import train
+
+    on_step = kwargs.pop("on_step")
+
+    def slow(record):
+        time.sleep(0.2)
+        on_step(record)
+
+    return train(job, plan, steps, on_step=slow, **kwargs)
+
+
+@NEEDS_ROOT
+def test_killed_engine_on_the_second_machine_is_named_and_the_cluster_restarts(cluster):
+    from parallax_nb.workloads import lm_job
+
+    from parallax_nb.cluster.dispatch import default_plan
+
+    job = lm_job("tiny", optimizer="sgd")
+    plan = default_plan(job)
+    the_run = px.run(job, plan, engines=4, steps=100000, cluster=cluster, display=False, wait=False,
+                     train_fn=_slow_train)
+    wait_for_steps(the_run, 2)
+    victim = cluster.engines[3]
+    assert victim.host == cluster.network.machines[1].namespace
+    os.kill(victim.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        the_run.wait(timeout=60)
+    named_s = time.monotonic() - start
+    err = info.value
+    print(f"\nkilled engine named after {named_s:.1f} s: {err}")
+    assert err.rank == 3 and f"on host {victim.host}" in str(err), str(err)
+    assert named_s < 10, named_s
+    after = px.run(job, plan, engines=4, steps=2, cluster=cluster, display=False)
+    assert after.status == "done" and victim.pid not in [e.pid for e in cluster.engines]
+    assert [e.host for e in cluster.engines] == [m.namespace for m in cluster.network.machines for _ in range(2)]
+
+
+@NEEDS_ROOT
+def test_stop_removes_namespaces_links_and_processes(cluster):
+    net = cluster.network
+    cluster_id = net.cluster_id
+    pids = [cluster.controller_pid(), *cluster.mpiexec_pids(), *(e.pid for e in cluster.engines)]
+    assert namespaces_and_links(cluster_id)
+    start = time.monotonic()
+    cluster.stop()
+    print(f"\ncluster stop: {time.monotonic() - start:.1f} s")
+    assert time.monotonic() - start < 30
+    assert namespaces_and_links(cluster_id) == []
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not os.path.exists(f"/run/parallax_nb-netem/{cluster_id}.json")
+
+
+def test_single_host_engines_listen_on_loopback_only():
+    """One host: while a job runs, the controller, engines and mpiexec listen on loopback only,
+    but for mpiexec's out-of-band listener (Open MPI binds it to the wildcard address)."""
+    from parallax_nb.cluster.dispatch import default_plan
+    from parallax_nb.workloads import lm_job
+
+    job = lm_job("tiny")
+    with Cluster(n=2) as c:
+        the_run = px.run(job, default_plan(job), engines=2, steps=100000, cluster=c, display=False, wait=False,
+                         train_fn=_slow_train)
+        wait_for_steps(the_run, 2)
+        found = listeners()
+        ours = our_processes()
+        the_run.stop(timeout=40)
+    mine = [(a, [ours[p] for p in pids if p in ours]) for a, pids in found if set(pids) & set(ours)]
+    print(f"\nsingle-host listeners of the cluster: {mine}")
+    assert any(loopback(a) for a, _ in mine)
+    assert_only_open_mpi_oob_on_wildcard(found, ours, loopback)
+
+
+def test_link_figures_come_from_one_engine_per_machine():
+    """Run.link_bytes_per_step / link_packets_per_step: the counters streamed by the first
+    engine of each machine, per step between its first and last record; the run view's table."""
+    from parallax_nb.cluster.handle import Run
+    from parallax_nb.widgets.run_view import render_link_table
+
+    the_run = Run(engines=4, steps=3)
+    the_run.hosts = ["m0", "m0", "m1", "m1"]
+
+    def records(first_bytes, first_packets):
+        return [{"step": 1, "link_bytes": first_bytes, "link_packets": first_packets},
+                {"step": 3, "link_bytes": first_bytes + 1000, "link_packets": first_packets + 40}]
+
+    the_run.add_records(records(100, 10), rank=0)
+    the_run.add_records(records(7, 7), rank=1)          # same machine as rank 0: not read twice
+    the_run.add_records(records(5000, 99), rank=2)
+    assert the_run.machines == (2, 2)
+    assert the_run.link_bytes_per_step() == {"m0": 500.0, "m1": 500.0}
+    assert the_run.link_packets_per_step() == {"m0": 20.0, "m1": 20.0}
+    assert the_run.predicted_link_bytes_per_step() is None      # no plan: no prediction
+    table = render_link_table(the_run)
+    assert "m0" in table and "m1" in table and "500 B" in table
+    assert render_link_table(Run(engines=2, steps=3)) == ""
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(emulate="2by2"), "cannot read the emulated network '2by2'"),
+    (dict(emulate="2x2@fast"), "unparsable bandwidth 'fast'"),
+    (dict(n=3, emulate="2x2@1Gbit/s"), "has 4 engines but n=3"),
+    (dict(emulate="2x2", profile="mycluster"), "emulate= makes its own hostfile"),
+])
+def test_bad_emulate_arguments_are_config_errors(kwargs, needle):
+    from parallax_nb.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        Cluster(**kwargs)
