@@ -485,3 +485,14 @@ class Estimate:
         if self.speedup_vs_ar is not None and self.speedup_vs_ps is not None:
             text += f", {self.speedup_vs_ar:.2f}x vs AR, {self.speedup_vs_ps:.2f}x vs PS"
         return text
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective a method issues per step: ``count`` calls of ``op`` among
+    ``participants`` ("all" ranks, one "machine"'s ranks, or "cross": one local index
+    on every machine)."""
+
+    op: str
+    count: int
+    participants: str = "all"
