@@ -294,21 +294,28 @@ def _within_5_percent(lines: list, label: str, measured: float, expected: float,
 
 @pytest.mark.parametrize("launch", ["two_rank_runs", "three_rank_runs"])
 def test_bytes_match_cost_model(launch, request):
-    """Measured bytes per rank per step vs parallax_nb.cost.model with alpha from the same batches."""
+    """Measured bytes per rank per step vs parallax_nb.cost.model with alpha from the same batches.
+
+    Measured = what each exchange counted from the tensors it handed to Horovod (dense AR:
+    the gradient's ``tf.size * itemsize`` times the ring factor 2 (W - 1) / W), not the
+    variable's declared size put through the model's formula."""
     cases, per_rank = request.getfixturevalue(launch)
     ranks = len(per_rank)
     lines = []
-    compared = 0
+    compared = dense_ar = 0
     for i, case in enumerate(cases):
         if case.get("resume"):
             continue
         for name, info, expected in _modelled(case, per_rank[0][i]["variables"], ranks, ranks):
             label = f"{_case_id(case)} {name} {info['method']}/{info['kind']} P={info['partitions']}"
             even = _even_ownership(info, ranks)
-            compared += _within_5_percent(lines, label, _measured(per_rank[0][i], name), expected, even,
-                                          "" if even else " [uneven ownership: not compared]")
+            checked = _within_5_percent(lines, label, _measured(per_rank[0][i], name), expected, even,
+                                        "" if even else " [uneven ownership: not compared]")
+            compared += checked
+            dense_ar += checked and (info["method"], info["kind"]) == ("ar", "dense")
     print("\n" + "\n".join(lines))
     assert compared >= 5
+    assert dense_ar >= 3  # dense AR's counted bytes are among those compared
 
 
 def test_local_aggregation_equals_single_device(local_aggregation_runs):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from ...types import Kind, Method
 from .base import Exchange, Wire
 from .dense_allreduce import DenseAllreduce
 from .dense_ps import DensePS
