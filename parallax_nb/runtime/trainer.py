@@ -198,6 +198,15 @@ class Trainer:
                 kind = Kind.DENSE  # gathered outside embedding_lookup: cannot be served by rows
             rows = int(variable.shape[0]) if len(variable.shape) else 1
             parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
+            if kind is Kind.SPARSE:
+                # every rank serves at least one partition of a sparse PS variable: with P < N a
+                # 3-rank launch of several Keras models hung in step 1 (single models and the LM
+                # trained right with P < N), so P < N is still raised to N
+                raised = max(parts, min(self.ranks, rows))
+                if raised != parts and self.rank == 0:
+                    _print(f"parallax_nb: PS variable {name!r}: {parts} partition(s) raised to {raised}, one per rank "
+                           f"(every rank serves a share of a sparse PS variable)")
+                parts = raised
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
                             routed=name in self.routed)
 
