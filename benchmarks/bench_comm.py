@@ -9,8 +9,9 @@ One command runs, on this machine, for the same model, data and per-rank batch:
 for the LM (LM1B-shaped: wide embedding and sampled-softmax tables dominate the bytes, a modest
 LSTM) and the dense CNN, at each ``--ranks`` on loopback (one emulated machine: every rank in
 one private network namespace, Open MPI over TCP ``--mca btl tcp,self`` so bytes cross
-sockets), and then on an emulated network (``--network 2x2@1Gbit/s``: machines x workers,
-shaped links; see :mod:`parallax_nb.netem`).
+sockets), and then on emulated networks (``--network 2x2@1Gbit/s 2x2@100Mbit/s 4x2@1Gbit/s``
+by default: machines x workers, shaped links; see :mod:`parallax_nb.netem`). ``lm_tiny`` is
+the tiny LM, where the runtime's own per-step cost shows.
 
 Figures per configuration (medians over ``--repeats`` windows of ``--steps`` steps after
 ``--warmup`` steps): steps/s, examples/s, bytes per rank per step three ways (the runtime's
@@ -19,8 +20,12 @@ single-device profile), the share of the accounted bytes that belongs to sparse 
 Ratios: HYBRID against plain Horovod, sparse_as_dense and PS; measured against predicted.
 Targets (issue 8) are marked MET or MISSED.
 
-    python benchmarks/bench_comm.py --json benchmarks/results/comm.json
+    python benchmarks/bench_comm.py --invocations 3 --json benchmarks/results/comm.json
     python benchmarks/bench_comm.py --quick            # tiny sizes, 2 ranks: checks the harness
+
+Headline figures come from ``--invocations 3`` (or more): whole separate invocations, every
+one kept in the JSON, each figure reported as the median over them with its range
+(:mod:`repeats`); one invocation is a harness check, not a claim.
 
 Needs root (network namespaces), Open MPI and Horovod. Prints the table; ``--json`` writes
 every figure.
@@ -64,9 +69,13 @@ WORKLOADS = {
     "cnn": dict(workload="cnn", size="realistic", batch_size=16,
                 overrides=dict(image_size=16, channels=64, blocks=1, classes=100, num_examples=4096)),
 }
+# the tiny LM (``lm_job("tiny")``) at its own size: a step of a few ms, where the runtime's
+# per-step overhead against plain Horovod shows (issue 18)
+WORKLOADS["lm_tiny"] = dict(workload="lm", size="tiny", batch_size=8, overrides={})
 QUICK = {
     "lm": dict(workload="lm", size="tiny", batch_size=8, overrides={}),
     "cnn": dict(workload="cnn", size="tiny", batch_size=16, overrides={}),
+    "lm_tiny": WORKLOADS["lm_tiny"],
 }
 
 
@@ -247,15 +256,15 @@ def predictions(profile: Profile, spec: ClusterSpec) -> dict:
     return out
 
 
-def run_setting(name: str, spec: dict, profile: Profile, configs: list[str], machines: int, workers: int,
-                bandwidth: str | None, args, workdir: str) -> dict:
+def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, configs: list[str], machines: int,
+                workers: int, bandwidth: str | None, args, workdir: str) -> dict:
     ranks = machines * workers
     per_rank = ClusterSpec.create(machines=ranks, workers_per_machine=1, bandwidth=bandwidth or "100Gbit/s")
     # on a network, parallax plans for its machines with local aggregation (the runtime finds the
     # namespaces' machines itself); plain Horovod has none
     plan_spec = (per_rank if bandwidth is None else
                  ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth))
-    tag = f"{spec['workload']}-{name}"
+    tag = f"{workload_name}-{name}-{bandwidth or 'lo'}".replace("/", "").replace(" ", "")
     plans = write_plans(profile, plan_spec, workdir, tag)
     same_as = duplicates(profile, plans, configs)
     config_list = []
@@ -278,7 +287,7 @@ def run_setting(name: str, spec: dict, profile: Profile, configs: list[str], mac
         if twin in results:
             results[c] = {**results[twin], "same_as": twin}
     results = {c: results[c] for c in configs if c in results}
-    return {"workload": spec["workload"], "ranks": ranks, "machines": machines, "workers_per_machine": workers,
+    return {"workload": spec["workload"], "workload_name": workload_name, "ranks": ranks, "machines": machines, "workers_per_machine": workers,
             "network": network, "bandwidth": bandwidth, "wall_s": time.monotonic() - start,
             "prediction": predictions(profile, per_rank),
             "link_prediction": None if bandwidth is None else {
@@ -294,7 +303,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workloads", nargs="+", default=["lm", "cnn"], choices=sorted(WORKLOADS))
     parser.add_argument("--ranks", nargs="*", type=int, default=[2, 4], help="loopback rank counts (one machine)")
     parser.add_argument("--configs", nargs="+", default=list(ALL_CONFIGS), choices=ALL_CONFIGS)
-    parser.add_argument("--network", nargs="*", default=["2x2@1Gbit/s"],
+    parser.add_argument("--network", nargs="*", default=["2x2@1Gbit/s", "2x2@100Mbit/s", "4x2@1Gbit/s"],
                         help="emulated networks MACHINESxWORKERS@BANDWIDTH (none: skip)")
     parser.add_argument("--network-configs", nargs="+", default=["horovod", "hybrid"], choices=ALL_CONFIGS)
     parser.add_argument("--warmup", type=int, default=10,
@@ -309,7 +318,10 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds a configuration may take (incl. start-up) before it is killed as hung")
     parser.add_argument("--quick", action="store_true", help="tiny workloads: check the harness in a minute")
-    parser.add_argument("--json", metavar="PATH", help="write all results here")
+    parser.add_argument("--invocations", type=int, default=1,
+                        help="run the whole benchmark this many times as separate processes; figures are "
+                             "the median over invocations with their range (issue 18: at least 3)")
+    parser.add_argument("--json", metavar="PATH", help="write all results here (every invocation's)")
     parser.add_argument("--readme", metavar="PATH", nargs="?", const=os.path.join(HERE, "README.md"),
                         help="replace the 'Latest results' section of this README (default benchmarks/README.md)")
     parser.add_argument("--workdir", help="keep specs, plans, profiles and logs here (default: a temp dir)")
@@ -321,6 +333,10 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench_comm: needs root for the network namespaces of the emulated cluster", file=sys.stderr)
         return 2
+    if args.invocations < 1:
+        raise ConfigError(f"--invocations needs a whole number >= 1, got {args.invocations}")
+    if args.invocations > 1:
+        return repeated(args, argv if argv is not None else sys.argv[1:])
     workdir = args.workdir or tempfile.mkdtemp(prefix="pxnb-bench-")
     os.makedirs(workdir, exist_ok=True)
     print(f"bench_comm: work directory {workdir}", flush=True)
@@ -332,9 +348,9 @@ def main(argv=None) -> int:
         profile = profile_workload(spec, workdir, args.profile_steps)
         print(f"== {w}: profiled in {time.monotonic() - t0:.0f} s: {profile.summary().splitlines()[0]}", flush=True)
         for n in args.ranks:
-            settings.append(run_setting(f"loop{n}", spec, profile, args.configs, 1, n, None, args, workdir))
+            settings.append(run_setting(f"loop{n}", w, spec, profile, args.configs, 1, n, None, args, workdir))
         for machines, workers, bandwidth in networks:
-            settings.append(run_setting(f"net{machines}x{workers}", spec, profile, args.network_configs,
+            settings.append(run_setting(f"net{machines}x{workers}", w, spec, profile, args.network_configs,
                                         machines, workers, bandwidth, args, workdir))
     doc = {"schema": "parallax_nb.bench_comm", "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
            "machine": report.machine_description(), "python": platform.python_version(),
@@ -351,7 +367,58 @@ def main(argv=None) -> int:
         atomic_write_text(args.json, json.dumps(doc, indent=1))
         print(f"\nwrote {args.json}")
     if args.readme:
-        report.update_readme(args.readme, doc)
+        report.update_readme(args.readme, doc, report.render(doc))
+        print(f"updated {args.readme}")
+    return 0
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` without ``options`` and their values (``--x v`` or ``--x=v``)."""
+    out, skip = [], False
+    for a in argv:
+        if skip and not a.startswith("--"):
+            continue
+        skip = False
+        if a.split("=", 1)[0] in options:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def repeated(args, argv: list[str]) -> int:
+    """Run this benchmark ``args.invocations`` times, each a separate process that writes its
+    own JSON; write every run and the medians with ranges (:mod:`repeats`)."""
+    import repeats
+
+    workdir = args.workdir or tempfile.mkdtemp(prefix="pxnb-bench-")
+    os.makedirs(workdir, exist_ok=True)
+    inner = _without(argv, ("--invocations", "--json", "--readme", "--workdir"))
+    runs = []
+    started = time.monotonic()
+    for i in range(args.invocations):
+        path = os.path.join(workdir, f"invocation-{i + 1}.json")
+        print(f"=== invocation {i + 1} of {args.invocations}", flush=True)
+        subprocess.run([sys.executable, os.path.abspath(__file__), *inner, "--json", path,
+                        "--workdir", os.path.join(workdir, f"invocation-{i + 1}")], check=True)
+        with open(path) as f:
+            runs.append(json.load(f))
+    summary = repeats.summarise(runs)
+    doc = {"schema": "parallax_nb.bench_comm.invocations",
+           "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": " ".join([os.path.relpath(sys.argv[0], REPO), *argv]), "machine": report.machine_description(),
+           "wall_s": time.monotonic() - started, "runs": runs, "summary": summary}
+    doc["targets"] = repeats.targets(summary)
+    text = repeats.render(doc)
+    print()
+    print(text)
+    if args.json:
+        from parallax_nb.jsonfile import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(doc, indent=1))
+        print(f"\nwrote {args.json}")
+    if args.readme:
+        report.update_readme(args.readme, doc, text)
         print(f"updated {args.readme}")
     return 0
 

@@ -250,8 +250,8 @@ def render(doc: dict) -> str:
 RESULTS_HEADING = "## Latest results"
 
 
-def update_readme(path: str, doc: dict) -> None:
-    """Replace everything from the "Latest results" heading on with this run's table."""
+def update_readme(path: str, doc: dict, text: str) -> None:
+    """Replace everything from the "Latest results" heading on with this run's table ``text``."""
     from parallax_nb.jsonfile import atomic_write_text
 
     with open(path) as f:
@@ -259,5 +259,5 @@ def update_readme(path: str, doc: dict) -> None:
     head = text.split(RESULTS_HEADING, 1)[0].rstrip() + "\n\n"
     section = (f"{RESULTS_HEADING}\n\nRun {doc['finished_utc']} on {doc['machine']}"
                + (" (quick sizes: a harness check, not a measurement)" if doc.get("quick") else "")
-               + f".\n\n```bash\n{doc['command']}\n```\n\n```text\n{render(doc)}\n```\n")
+               + f".\n\n```bash\n{doc['command']}\n```\n\n```text\n{text}\n```\n")
     atomic_write_text(path, head + section)

@@ -2,8 +2,9 @@
 distributed train step per plan (AR / PS / HYBRID / AUTO), byte accounting, checkpoints and
 partition search. Call :func:`train` on every rank with the same arguments.
 
-Submodules: ``trainer`` (set-up and loop), ``sharded`` (row shards and the alltoall lookup
-router), ``sync`` (gradient exchange per method), ``accounting`` (bytes on the wire),
+Submodules: ``trainer`` (set-up and loop), ``sharded`` (row shards), ``exchanges`` (one
+exchange per (method, kind), the alltoall lookup router among them), ``sync`` (routes each
+variable to its exchange), ``accounting`` (bytes on the wire),
 ``checkpoint``, ``partition_search``, ``reference`` (single-device yardstick).
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ built (a collective; :func:`.context.process_set`).
 
 Dense gradients are not aggregated here: a flat allreduce over ranks placed machine by
 machine already crosses machines about as a two-level ring would, in one collective instead
-of four chained ones (``sync.GradientExchange._allreduce_dense``).
+of four chained ones (:mod:`.exchanges.dense_allreduce`).
 
 Sparse allgather (:meth:`Hierarchy.allgather_sparse`): the machine's ranks gather their
 deduplicated slices and sum them into the machine's union of rows (alpha_G of the rows);
@@ -31,7 +31,7 @@ rank j sends every j-th row of that union to its peers of local index j on the o
 machines; a last local gather gives every rank the union of every machine. A machine sends
 its union once to each of the N - 1 other machines: ``2 * alpha_G * (m + 8 R) * (N - 1)`` bytes.
 
-PS lookups with local aggregation live in :mod:`.sharded` (they use :func:`local_splits`).
+PS lookups with local aggregation live in :mod:`.exchanges.sparse_ps` (they use :func:`local_splits`).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Set-up, in order, identical on every rank:
 4. build the optimizer over what this rank updates: AR variables and owned PS partitions.
 
 Each step: forward and backward with the sharded lookup router active, gradient exchange per
-variable (:mod:`.sync`), optimizer update, PS dense pull, global mean loss; all inside one
+variable (:mod:`.sync`, :mod:`.exchanges`), optimizer update, PS dense pull, global mean loss; all inside one
 ``tf.function`` (autograph off: tracing is 4x faster and the step has no tensor-dependent
 Python control flow) whose collectives carry explicit names.
 
@@ -47,7 +47,7 @@ from .context import barrier, configure_threads, horovod, rank_info
 from .partitioning import RowPartitioning
 from .executed import executed_plan
 from .result import StepRecord, TrainResult
-from .sharded import RecordingRouter, ShardedLookupRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
+from .sharded import RecordingRouter, ShardedVariable, release_storage, route_embedding_layers, storage_bytes
 from .hierarchical import Hierarchy
 from .optimizer import take_over
 from .sync import GradientExchange, VariableSync
@@ -98,13 +98,10 @@ class Trainer:
         self.clipping = take_over(self.optimizer, self.syncs, self.ranks)
         self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
         self.ledger = ByteLedger()
-        shards = {s.name: s.shard for s in self.syncs if s.ps_sparse}
         hierarchy = Hierarchy(self.topology, self.rank) if self.local_aggregation else None
-        self.router = guards.CheckedLookups(ShardedLookupRouter(shards, self.ranks, self.rank, self.ledger,
-                                                                remote=self.topology.remote(self.rank),
-                                                                hierarchy=hierarchy))
         self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger, topology=self.topology,
                                          hierarchy=hierarchy)
+        self.router = guards.CheckedLookups(self.exchange.router)
         self._step_fn = tf.function(self._step, autograph=False)
         self.step = 0
         self.executed = executed_plan(plan, self.variable_table(), self.topology, self.local_aggregation, partitions)
@@ -204,8 +201,9 @@ class Trainer:
             rows = int(variable.shape[0]) if len(variable.shape) else 1
             parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
             if kind is Kind.SPARSE:
-                # every rank serves at least one partition of a sparse PS variable: a rank owning
-                # none deadlocked the lookup exchange (Horovod 0.28), so P < N is raised to N
+                # every rank serves at least one partition of a sparse PS variable: with P < N a
+                # 3-rank launch of several Keras models hung in step 1 (single models and the LM
+                # trained right with P < N), so P < N is still raised to N
                 raised = max(parts, min(self.ranks, rows))
                 if raised != parts and self.rank == 0:
                     _print(f"parallax_nb: PS variable {name!r}: {parts} partition(s) raised to {raised}, one per rank "
@@ -289,7 +287,10 @@ class Trainer:
         # Collectives without a data dependency on this step's work (a pull of a rank that owns
         # no partition) must still start after it, or a rank can sit in them first and starve
         # the collectives the other ranks are waiting for.
-        done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss]
+        # every gradient, those of ranks that own no partition (P < N) too: their backward
+        # alltoalls must run, or the owners wait in them forever
+        done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss] + [
+            g.values if isinstance(g, tf.IndexedSlices) else g for g in flat if g is not None]
         with tf.control_dependencies(done):
             self.exchange.pull_dense()
             if reduced is None:

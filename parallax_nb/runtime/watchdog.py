@@ -27,6 +27,7 @@ import time
 from ..errors import DistributedError
 
 SLOW_LIMIT_S = 300.0
+FLUSH_S = 1.0  # a running step's heartbeat reaches its file at most this late
 STEP = "the step timeout"   # Watchdog.watch(limit=STEP): the user's step timeout
 KEEP = "the current deadline"   # Watchdog.watch(limit=KEEP): a new phase under the running deadline
 #: phases in the order a rank passes them within one step; start-up phases are step 0
@@ -48,28 +49,46 @@ def _position(beat: dict) -> tuple[int, int]:
 
 
 class Heartbeats:
-    """This rank's heartbeat file and a reader of everyone's (no-op without a folder)."""
+    """This rank's heartbeat file and a reader of everyone's (no-op without a folder).
+
+    A step passes four phases: writing each to the file cost four file replacements per
+    step on the training thread. Start-up, slow phases and the end are written at once;
+    the phases of a running step at most every :data:`FLUSH_S` seconds, and the watchdog
+    thread writes the latest one when it is older (:meth:`flush`), so a file is never more
+    than ~1 s behind the rank, well inside any step timeout."""
 
     def __init__(self, directory: str | None, rank: int, ranks: int, host: str):
         self.directory = directory if directory and os.path.isdir(directory) else None
         self.rank, self.ranks, self.host = rank, ranks, host
         self.current = {"rank": rank, "host": host, "pid": os.getpid(), "phase": "starting", "step": 0,
                         "since": time.time()}
+        self._written = float("-inf")
+        self._dirty = False
+        self._lock = threading.Lock()
 
     def _path(self, rank: int) -> str:
         return os.path.join(self.directory, f"heartbeat-{rank}.json")
 
     def beat(self, phase: str, step: int) -> None:
         self.current = dict(self.current, phase=phase, step=int(step), since=time.time())
-        if self.directory is None:
+        self._dirty = True
+        if not step or phase in _SLOW or phase == "done" or time.monotonic() - self._written >= FLUSH_S:
+            self.flush()
+
+    def flush(self, older_than_s: float = 0.0) -> None:
+        """Write the latest beat if it is not on file yet (and the file is ``older_than_s``)."""
+        if self.directory is None or not self._dirty or time.monotonic() - self._written < older_than_s:
             return
         path = self._path(self.rank)
-        try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(self.current, f)
-            os.replace(path + ".tmp", path)
-        except OSError:
-            pass  # a folder that vanished (the run ended) must not fail training
+        with self._lock:
+            self._dirty = False
+            try:
+                with open(path + ".tmp", "w") as f:
+                    json.dump(self.current, f)
+                os.replace(path + ".tmp", path)
+            except OSError:
+                pass  # a folder that vanished (the run ended) must not fail training
+            self._written = time.monotonic()
 
     def read(self) -> dict[int, dict | None]:
         out: dict[int, dict | None] = {}
@@ -134,6 +153,7 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._stop.wait(self.poll_s):
+            self.heartbeats.flush(older_than_s=FLUSH_S)
             with self._lock:
                 expired = self._deadline is not None and time.monotonic() > self._deadline
                 timeout = self._timeout
@@ -153,6 +173,7 @@ class Watchdog(threading.Thread):
     def verdict(self, timeout: float) -> tuple[float, DistributedError | None]:
         """(seconds to wait more, 0 with the error to report)."""
         hb = self.heartbeats
+        hb.flush()
         me = hb.current
         now = time.time()
         beats = hb.read()

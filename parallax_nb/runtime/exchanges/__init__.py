@@ -1,0 +1,33 @@
+"""One exchange per (Method, Kind): how a variable's gradient (and, for PS, its rows) crosses
+the ranks inside the train step (DESIGN.md §5, §9). The cost side's table
+(``parallax_nb.cost.methods.METHOD_COSTS``) has the same keys.
+
+| (method, kind) | exchange | collectives per step (no local aggregation) |
+|---|---|---|
+| AR, dense | :class:`DenseAllreduce` | 1 grouped allreduce for every dense AR variable |
+| AR, sparse | :class:`SparseAllgather` | 2 allgathers per variable (values, indices) |
+| PS, dense | :class:`DensePS` | 2 alltoalls per variable (push, pull) |
+| PS, sparse | :class:`SparsePS` | 3 alltoalls per lookup (ids, rows, row gradients) |
+
+Every collective carries an explicit name (``px_<what>_<variable>``): Horovod pairs
+collectives across ranks by name, and the graphs of ranks that own different partitions
+differ. Each exchange counts the bytes it hands to MPI, read from the tensors (or the split
+sizes) it passes, turned into bytes on the wire by its algorithm's factor (:mod:`.base`).
+
+Dividing by W turns the sum of per-rank mean-loss gradients into the gradient of the mean
+loss over the global batch of W * b examples, which single-device training with that batch
+computes.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from .base import Exchange, Wire
+from .dense_allreduce import DenseAllreduce
+from .dense_ps import DensePS
+from .sparse_allgather import SparseAllgather
+from .sparse_ps import SparsePS
+
+EXCHANGES = MappingProxyType({(c.method, c.kind): c for c in (DenseAllreduce, SparseAllgather, DensePS, SparsePS)})
+
+__all__ = ["EXCHANGES", "Exchange", "Wire", "DenseAllreduce", "SparseAllgather", "DensePS", "SparsePS"]

@@ -1,0 +1,67 @@
+"""AR, sparse (``IndexedSlices``): duplicates summed first (unique rows), then what Horovod's
+allreduce of ``IndexedSlices`` does (an allgather of values and one of indices, values divided
+by W), written out so that the collectives carry explicit names.
+
+With local aggregation, the two-level allgather of :meth:`..hierarchical.Hierarchy.allgather_sparse`.
+
+Bytes: the handed values and indices of this rank (``o``, read from the tensors) and of
+everyone (``t``, the gathered tensors): an allgather sends ``(W - 1) o`` and receives
+``t - o``, scaled by the share of peers on other machines.
+"""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from ...types import Collective, Kind, Method
+from ..accounting import allgather_bytes
+from ..tensor_ops import deduplicate, op_tag
+from .base import Exchange, handed_bytes
+
+
+class SparseAllgather(Exchange):
+    method, kind = Method.AR, Kind.SPARSE
+
+    def gradients(self, items, carried=None):
+        pairs = []
+        for sync, grads in items:
+            grad = grads[0]
+            if grad is not None:
+                    pairs.append((self._allgather(sync, grad), sync.variable))
+        return pairs, None
+
+    def _allgather(self, sync, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+        wire = self.wire
+        hvd, W = wire.hvd, wire.ranks
+        grad = deduplicate(grad)
+        grad = tf.IndexedSlices(grad.values, tf.cast(grad.indices, tf.int64), grad.dense_shape)  # 8-byte ids, as priced
+        if W == 1:
+            return grad
+        tag = op_tag(sync.name)
+        if wire.hierarchy is not None:
+            row_bytes = int(math.prod(sync.variable.shape[1:])) * grad.values.dtype.size + grad.indices.dtype.size
+            summed, sent, received = wire.hierarchy.allgather_sparse(grad, row_bytes, tag)
+            wire.ledger.add(sync.name, sent, received)
+            return summed
+        values = hvd.allgather(grad.values, name=f"px_ar_values_{tag}", ignore_name_scope=True)
+        indices = hvd.allgather(grad.indices, name=f"px_ar_indices_{tag}", ignore_name_scope=True)
+        own = handed_bytes(grad.values) + handed_bytes(grad.indices)
+        total = handed_bytes(values) + handed_bytes(indices)
+        sent, received = allgather_bytes(own, total, W)
+        wire.ledger.add(sync.name, sent * wire.remote_share, received * wire.remote_share)
+        return deduplicate(tf.IndexedSlices(values / W, indices, grad.dense_shape))
+
+    def collectives(self) -> list[Collective]:
+        """Per variable: two allgathers (values, indices); with local aggregation two gathers in
+        the machine, two exchanges across machines and two shares in the machine."""
+        n = len(self.served)
+        if not n:
+            return []
+        h = self.wire.hierarchy
+        if h is None:
+            return [Collective("allgather", 2 * n)]
+        out = [Collective("alltoall", 2 * n, "cross")] if h.N > 1 else []
+        if h.G > 1:
+            out = [Collective("alltoall", 4 * n, "machine")] + out
+        return out
