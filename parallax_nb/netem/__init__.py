@@ -7,7 +7,7 @@
 ``python -m parallax_nb.netem cleanup`` removes what a killed process left behind;
 ``python -m parallax_nb.netem status`` lists the clusters that exist. Needs root.
 """
-from .cluster import EmulatedCluster, Machine, parse_spec
+from .network import EmulatedCluster, Machine, parse_spec
 from .links import PREFIX, cleanup_stale, interface_counters
 
 __all__ = ["EmulatedCluster", "Machine", "parse_spec", "PREFIX", "cleanup_stale", "interface_counters"]
