@@ -69,10 +69,11 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """Push the gradient to the owners, pull fresh values: ``4 m (n-1)/n``, no indices."""
+    """Push the gradient to the owners, pull fresh values: ``4 m (n-1)/n``, no indices. With
+    local aggregation a machine reduce-scatters inside, pushes and pulls once, then shares."""
     n, scale, _ = _shape(var, cluster)
     return MethodCost(ps_value_bytes(1.0, var.size_bytes, n) * scale, 0.0, _rounds("ps_dense", n, cluster),
-                      (Collective("alltoall", 2, "all"),))
+                      _two_level(cluster, (Collective("alltoall", 2, "all"),), machine=2, cross=2))
 
 
 def ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
