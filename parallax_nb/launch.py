@@ -317,6 +317,10 @@ def _rank_main(payload: str, out_dir: str) -> None:
     die_with_parent()
     rank = mpi_rank()
     try:
+        # The rank ends with os._exit, so what TensorFlow writes to temporary files (AutoGraph's
+        # generated modules) is never cleaned up: keep it in out_dir, which the parent removes.
+        tempfile.tempdir = os.path.join(out_dir, f"tmp-{rank}")
+        os.makedirs(tempfile.tempdir, exist_ok=True)
         import cloudpickle  # noqa: F401  (functions pickled by value need it to load)
 
         with open(payload, "rb") as f:

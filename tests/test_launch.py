@@ -24,6 +24,25 @@ def _raise_on_rank(rank):
     time.sleep(600)  # the others would wait forever; mpirun must stop them
 
 
+def _traced_in_temporary_folder():
+    """A tf.function with Python control flow: AutoGraph writes its generated module to a
+    temporary file, which a rank ending with os._exit never deletes."""
+    import glob
+    import tempfile
+
+    import tensorflow as tf
+
+    @tf.function
+    def double_if_positive(x):
+        if x > 0:
+            return 2 * x
+        return x
+
+    double_if_positive(tf.constant(3.0))
+    folder = tempfile.gettempdir()
+    return folder, len(glob.glob(f"{folder}/__autograph_generated_file*"))
+
+
 def _sleep_forever(pid_dir):
     import os
 
@@ -96,6 +115,21 @@ def test_missing_hostfile_is_a_config_error(tmp_path):
 @pytest.mark.mpi
 def test_run_on_ranks_returns_every_rank():
     assert run_on_ranks(_whoami, 3, args=(10,), timeout_s=120) == [(10, 3), (11, 3), (12, 3)]
+
+
+@pytest.mark.mpi
+def test_ranks_temporary_files_go_with_the_run():
+    """Each rank's temporary files (here AutoGraph's module) live in the run's own folder,
+    which is removed when the run ends, so nothing accumulates in the system's temp folder."""
+    import os
+    import tempfile
+
+    per_rank = run_on_ranks(_traced_in_temporary_folder, 2, timeout_s=120)
+    for folder, generated in per_rank:
+        assert generated >= 1, "AutoGraph wrote no module: the check would prove nothing"
+        assert os.path.dirname(os.path.dirname(folder)) == tempfile.gettempdir()
+        assert os.path.basename(os.path.dirname(folder)).startswith("parallax-ranks-")
+        assert not os.path.exists(folder), f"{folder} was left behind"
 
 
 @pytest.mark.mpi
