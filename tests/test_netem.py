@@ -1,6 +1,7 @@
 """The emulated cluster comes up, shapes its links, runs mpirun across namespaces, and is removed
 (on exit, on an exception, on SIGTERM, and by `python -m parallax_nb.netem cleanup` after kill -9)."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -91,10 +92,11 @@ def test_cluster_shapes_runs_mpirun_across_namespaces_and_is_removed():
         proc = subprocess.run(["mpirun", "-np", "2", *cluster.mpirun_args(), sys.executable, "-c", MPI_PROGRAM],
                               env=ENV, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
-        assert [line.split()[-1] for line in lines] == ["3", "3"], proc.stdout
-        namespaces = {line.split()[3] for line in lines}
-        assert len(namespaces) == 2 and str(os.stat("/proc/self/ns/net").st_ino) not in namespaces, lines
+        # mpirun forwards each rank's output in pieces: two ranks' lines may arrive joined
+        reports = sorted(re.findall(r"rank (\d+) netns (\d+) sum (\d+)", proc.stdout))
+        assert [(rank, total) for rank, _, total in reports] == [("0", "3"), ("1", "3")], proc.stdout
+        namespaces = {netns for _, netns, _ in reports}
+        assert len(namespaces) == 2 and str(os.stat("/proc/self/ns/net").st_ino) not in namespaces, reports
         after = cluster.counters()
         for m in cluster.machines:   # the allreduce's 4 MiB crossed each machine's shaped link
             assert after[m.namespace][1] - before[m.namespace][1] > 2 << 20, (before, after)
