@@ -25,7 +25,7 @@ ROOMS = ("base", "job", "profile", "cost", "runtime", "cluster", "widgets", "rep
 # module or package (dotted, under parallax_nb) -> room; the longest matching prefix wins
 ROOM_OF = {
     "errors": "base", "types": "base", "version": "base", "labels": "base", "jsonfile": "base", "progress": "base",
-    "devices": "base", "environment": "base", "svg": "base", "failures": "base",
+    "devices": "base", "environment": "base", "svg": "base", "failures": "base", "calibration": "base",
     "ops": "job", "job": "job", "job_checks": "job", "workloads": "job",
     "profile": "profile",
     "cost": "cost", "plan": "cost", "executed": "cost", "planner": "cost",
@@ -47,6 +47,7 @@ NO_THIRD_PARTY = {
     "cost": ("tensorflow", "keras", "horovod", "ipywidgets", "numpy"),
     "plan": ("tensorflow", "keras", "horovod", "ipywidgets"),
     "types": ("tensorflow", "keras", "horovod", "ipywidgets"),
+    "calibration": ("tensorflow", "keras", "horovod", "ipywidgets", "numpy"),
     "executed": ("tensorflow", "keras", "horovod", "ipywidgets"),
     "planner": ("tensorflow", "keras", "horovod", "ipywidgets"),
 }

@@ -1,0 +1,216 @@
+"""A calibration of the user's own cluster: what one collective call and one step of compute cost.
+
+The cost model turns bytes into time with these figures. ``px.calibrate`` and ``python -m
+parallax_nb calibrate`` measure them on the actual ranks (this host, a hostfile, or an
+emulated network); without a measurement :meth:`Calibration.defaults` derives them from a
+:class:`~parallax_nb.types.ClusterSpec` and the estimate says "uncalibrated".
+
+Time of one collective call, fitted per operation and scope from timed calls at a few sizes::
+
+    t(call) = latency_s + bytes / (bandwidth_bps / 8)
+
+``bytes`` is what **one rank hands to the call**: the tensor of an allreduce, the rank's own
+slice of an allgather, everything the rank sends in an alltoall. ``op`` is one of
+:data:`COLLECTIVE_OPS`; ``scope`` one of :data:`SCOPES`, the participants as in
+:class:`~parallax_nb.types.Collective`: every rank ("all"), the ranks of one machine
+("machine"), or one local index on every machine ("cross").
+
+A calibration is for one cluster shape (machines x ranks per machine): a calibration of
+another shape is refused by :meth:`Calibration.check_shape` with both shapes named.
+
+Pure Python: no TensorFlow, no numpy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+CALIBRATION_SCHEMA = "parallax_nb.calibration"
+CALIBRATION_SCHEMA_VERSION = 1
+COLLECTIVE_OPS = ("allreduce", "allgather", "alltoall")
+SCOPES = ("all", "machine", "cross")
+
+# Defaults without a measurement: a call inside one machine (shared memory) and the per-call
+# cost of a collective besides its wire latency (the framework's negotiation and launch).
+DEFAULT_MACHINE_LATENCY_S = 50e-6
+DEFAULT_MACHINE_BANDWIDTH_BPS = 40e9
+DEFAULT_CALL_OVERHEAD_S = 200e-6
+
+
+def _finite(name: str, value, minimum: float = 0.0, strict: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < minimum or (strict and value <= minimum):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ConfigError(f"calibration {name} must be a finite number {bound}, got {value!r}",
+                          hint="measure again with px.calibrate(...), or drop the calibration to use the defaults")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """``t = latency_s + bytes / (bandwidth_bps / 8)`` for one call of one op in one scope.
+
+    ``samples`` timed sizes were fitted; ``max_relative_error`` is the largest
+    ``|fit - measured| / measured`` among them (0 for defaults).
+    """
+
+    latency_s: float
+    bandwidth_bps: float
+    samples: int = 0
+    max_relative_error: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "latency_s", _finite("latency_s", self.latency_s))
+        object.__setattr__(self, "bandwidth_bps", _finite("bandwidth_bps", self.bandwidth_bps, strict=True))
+        object.__setattr__(self, "max_relative_error", _finite("max_relative_error", self.max_relative_error))
+
+    def time_s(self, bytes_per_rank: float, calls: float = 1.0) -> float:
+        """Seconds for ``calls`` calls that each hand ``bytes_per_rank`` bytes."""
+        return calls * self.latency_s + calls * bytes_per_rank * 8.0 / self.bandwidth_bps
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured (or default) costs of one cluster shape; see the module docstring.
+
+    ``fits`` maps ``"op/scope"`` (e.g. ``"alltoall/cross"``) to a :class:`CollectiveFit`.
+    ``compute_time_s`` maps a model name to the seconds of one step's compute with every rank
+    computing at once under the real placement (ranks sharing cores or devices), no
+    communication. ``coordination_bytes_per_s`` and ``coordination_packets_per_s`` are what a
+    machine's network link carries while Horovod runs but nothing trains (its background
+    negotiation); 0 on one machine or when no link counter could be read. ``measured`` is
+    False for :meth:`defaults`; ``where`` says what was measured (``"loopback"``, a hostfile,
+    ``"emulated 2x2@1Gbit/s"``) and ``created`` when (ISO 8601, UTC).
+    """
+
+    machines: int
+    workers_per_machine: int
+    fits: dict = field(default_factory=dict, hash=False)
+    compute_time_s: dict = field(default_factory=dict, hash=False)
+    coordination_bytes_per_s: float = 0.0
+    coordination_packets_per_s: float = 0.0
+    measured: bool = True
+    where: str = ""
+    created: str = ""
+
+    def __post_init__(self):
+        for name in ("machines", "workers_per_machine"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"calibration {name} must be a whole number >= 1, got {value!r}")
+        fits = {}
+        for key, fit in dict(self.fits).items():
+            op, _, scope = str(key).partition("/")
+            if op not in COLLECTIVE_OPS or scope not in SCOPES:
+                raise ConfigError(f"calibration fit {key!r} is not 'op/scope'",
+                                  hint=f"op one of {COLLECTIVE_OPS}, scope one of {SCOPES}")
+            fits[f"{op}/{scope}"] = fit if isinstance(fit, CollectiveFit) else CollectiveFit(**fit)
+        object.__setattr__(self, "fits", fits)
+        object.__setattr__(self, "compute_time_s", {str(k): _finite(f"compute_time_s[{k!r}]", v, strict=True)
+                                                    for k, v in dict(self.compute_time_s).items()})
+        for name in ("coordination_bytes_per_s", "coordination_packets_per_s"):
+            object.__setattr__(self, name, _finite(name, getattr(self, name)))
+
+    @property
+    def workers(self) -> int:
+        return self.machines * self.workers_per_machine
+
+    @property
+    def shape(self) -> str:
+        """``"2 machine(s) x 2 rank(s)"``: the cluster shape this calibration is for."""
+        return f"{self.machines} machine(s) x {self.workers_per_machine} rank(s)"
+
+    @property
+    def label(self) -> str:
+        """What an estimate made with this calibration says about its time figures."""
+        if not self.measured:
+            return "uncalibrated (defaults)"
+        return f"calibrated on {self.where or self.shape}" + (f", {self.created}" if self.created else "")
+
+    def fit(self, op: str, scope: str = "all") -> CollectiveFit:
+        """The fit of ``op`` in ``scope``; a scope not measured falls back to "all"."""
+        for key in (f"{op}/{scope}", f"{op}/all"):
+            if key in self.fits:
+                return self.fits[key]
+        raise ConfigError(f"this calibration has no figure for {op!r} calls (scope {scope!r})",
+                          hint=f"it holds {sorted(self.fits)}; measure again with px.calibrate(...)")
+
+    def compute_for(self, model_name: str) -> float | None:
+        """Seconds of compute per step of ``model_name`` under the real placement, if measured."""
+        return self.compute_time_s.get(model_name)
+
+    def check_shape(self, machines: int, workers_per_machine: int) -> None:
+        """Refuse a calibration taken on another cluster shape, naming both."""
+        if (machines, workers_per_machine) != (self.machines, self.workers_per_machine):
+            wanted = f"{machines} machine(s) x {workers_per_machine} rank(s)"
+            raise ConfigError(
+                f"this calibration was taken on {self.shape} ({self.where or 'unknown place'}), "
+                f"but the plan is for {wanted}",
+                hint=f"calibrate the cluster you plan for (python -m parallax_nb calibrate --np "
+                     f"{machines * workers_per_machine} ...), or plan without a calibration (defaults)")
+
+    @classmethod
+    def defaults(cls, machines: int, workers_per_machine: int, bandwidth_bps: float,
+                 latency_s: float) -> "Calibration":
+        """Documented defaults from a cluster's link: calls across machines pay ``latency_s`` per
+        message plus :data:`DEFAULT_CALL_OVERHEAD_S` and move bytes at ``bandwidth_bps``; calls
+        inside a machine pay :data:`DEFAULT_MACHINE_LATENCY_S` plus the overhead and move bytes at
+        :data:`DEFAULT_MACHINE_BANDWIDTH_BPS`. No compute figure (the profile's step time is used)."""
+        across = CollectiveFit(latency_s + DEFAULT_CALL_OVERHEAD_S, bandwidth_bps)
+        inside = CollectiveFit(DEFAULT_MACHINE_LATENCY_S + DEFAULT_CALL_OVERHEAD_S, DEFAULT_MACHINE_BANDWIDTH_BPS)
+        fits = {}
+        for op in COLLECTIVE_OPS:
+            fits[f"{op}/machine"] = inside
+            fits[f"{op}/cross"] = across if machines > 1 else inside
+            fits[f"{op}/all"] = across if machines > 1 else inside
+        return cls(machines, workers_per_machine, fits, measured=False, where="defaults")
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": CALIBRATION_SCHEMA, "schema_version": CALIBRATION_SCHEMA_VERSION,
+            "machines": self.machines, "workers_per_machine": self.workers_per_machine,
+            "fits": {k: {"latency_s": f.latency_s, "bandwidth_bps": f.bandwidth_bps, "samples": f.samples,
+                         "max_relative_error": f.max_relative_error} for k, f in sorted(self.fits.items())},
+            "compute_time_s": dict(sorted(self.compute_time_s.items())),
+            "coordination_bytes_per_s": self.coordination_bytes_per_s,
+            "coordination_packets_per_s": self.coordination_packets_per_s,
+            "measured": self.measured, "where": self.where, "created": self.created,
+        }
+
+    def to_json(self, path: str | None = None) -> str:
+        from .jsonfile import dump_json
+        return dump_json(self.to_dict(), path)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Calibration":
+        if not isinstance(d, dict) or d.get("schema") != CALIBRATION_SCHEMA:
+            raise ConfigError(f"not a parallax_nb calibration (missing 'schema': {CALIBRATION_SCHEMA!r})",
+                              hint="make one with python -m parallax_nb calibrate --np N -o calibration.json")
+        if d.get("schema_version") != CALIBRATION_SCHEMA_VERSION:
+            raise ConfigError(f"calibration schema_version {d.get('schema_version')!r} is not supported "
+                              f"(this parallax_nb reads version {CALIBRATION_SCHEMA_VERSION})",
+                              hint="calibrate again with this version of parallax_nb")
+        try:
+            fits = d["fits"]
+            if not isinstance(fits, dict) or not all(isinstance(f, dict) for f in fits.values()):
+                raise ConfigError("calibration 'fits' must map 'op/scope' to {latency_s, bandwidth_bps}")
+            return cls(machines=d["machines"], workers_per_machine=d["workers_per_machine"],
+                       fits={k: CollectiveFit(**f) for k, f in fits.items()},
+                       compute_time_s=d.get("compute_time_s", {}),
+                       coordination_bytes_per_s=d.get("coordination_bytes_per_s", 0.0),
+                       coordination_packets_per_s=d.get("coordination_packets_per_s", 0.0),
+                       measured=bool(d.get("measured", True)), where=str(d.get("where", "")),
+                       created=str(d.get("created", "")))
+        except KeyError as e:
+            raise ConfigError(f"calibration lacks field {e.args[0]!r}",
+                              hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None
+        except TypeError as e:
+            raise ConfigError(f"calibration has a malformed entry: {e}",
+                              hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None
+
+    @classmethod
+    def from_json(cls, path_or_text: str) -> "Calibration":
+        from .jsonfile import load_json
+        return cls.from_dict(load_json(path_or_text, what="calibration"))

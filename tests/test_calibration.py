@@ -1,0 +1,62 @@
+"""The Calibration value: JSON round-trip, the wrong-shape error, defaults, bad files refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parallax_nb.calibration import Calibration, CollectiveFit
+from parallax_nb.errors import ConfigError
+
+
+def measured() -> Calibration:
+    return Calibration(2, 2, {"allreduce/all": CollectiveFit(3e-4, 8e8, samples=4, max_relative_error=0.05),
+                              "alltoall/cross": {"latency_s": 5e-4, "bandwidth_bps": 9e8}},
+                       compute_time_s={"lm_tiny": 0.012}, coordination_bytes_per_s=6.7e5,
+                       where="emulated 2x2@1Gbit/s", created="2026-11-24T15:00:00Z")
+
+
+def test_round_trip_through_json(tmp_path):
+    cal = measured()
+    path = tmp_path / "calibration.json"
+    cal.to_json(str(path))
+    back = Calibration.from_json(str(path))
+    assert back == cal and back.fits == cal.fits and back.compute_time_s == cal.compute_time_s
+    assert back.fit("alltoall", "cross").time_s(9e8 / 8) == pytest.approx(5e-4 + 1.0)
+    assert back.fit("allreduce", "machine") == cal.fits["allreduce/all"]   # unmeasured scope: "all"
+    assert back.compute_for("lm_tiny") == 0.012 and back.compute_for("other") is None
+    assert "calibrated on emulated 2x2@1Gbit/s" in back.label
+
+
+def test_wrong_shape_names_both_shapes():
+    with pytest.raises(ConfigError) as err:
+        measured().check_shape(4, 1)
+    text = str(err.value)
+    assert "2 machine(s) x 2 rank(s)" in text and "4 machine(s) x 1 rank(s)" in text
+    measured().check_shape(2, 2)
+
+
+def test_defaults_are_marked_uncalibrated():
+    cal = Calibration.defaults(2, 2, 1e9, 25e-6)
+    assert not cal.measured and "uncalibrated" in cal.label
+    assert cal.fit("allreduce", "cross").bandwidth_bps == 1e9
+    assert cal.fit("allreduce", "machine").bandwidth_bps > 1e9
+    one = Calibration.defaults(1, 4, 1e9, 25e-6)
+    assert one.fit("alltoall", "all") == one.fit("alltoall", "machine")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d.pop("machines"), "lacks field 'machines'"),
+    (lambda d: d.update(schema="other"), "not a parallax_nb calibration"),
+    (lambda d: d.update(schema_version=99), "schema_version 99"),
+    (lambda d: d["fits"]["allreduce/all"].update(bandwidth_bps=float("nan")), "bandwidth_bps must be a finite"),
+    (lambda d: d["fits"].update({"broadcast/all": {"latency_s": 1, "bandwidth_bps": 1}}), "'broadcast/all'"),
+    (lambda d: d["compute_time_s"].update(lm_tiny=-1), "compute_time_s['lm_tiny']"),
+    (lambda d: d.update(machines=0), "machines must be a whole number"),
+])
+def test_bad_files_are_refused_with_the_value(change, words):
+    d = json.loads(measured().to_json())
+    change(d)
+    with pytest.raises(ConfigError, match=None) as err:
+        Calibration.from_dict(d)
+    assert words in str(err.value)
