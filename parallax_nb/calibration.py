@@ -48,6 +48,27 @@ def _finite(name: str, value, minimum: float = 0.0, strict: bool = False) -> flo
     return float(value)
 
 
+def link_factor(op: str, scope: str, machines: int, workers_per_machine: int) -> float:
+    """Bytes crossing one machine's link in one direction per byte one rank hands to a call of
+    ``op`` among ``scope``, all G ranks of every machine calling at once (N machines, W ranks):
+
+    * allreduce: the machine's sum crosses as a two-level ring does, ``2 (N-1)/N`` (Open MPI's
+      flat allreduce over ranks placed machine by machine measured so); "cross" runs G such
+      rings side by side: ``G 2 (N-1)/N``;
+    * allgather: each rank's slice goes to every rank on other machines, ``G (W-G)``
+      ("cross": ``G (N-1)``);
+    * alltoall: a rank's tensor is spread over its peers, the share for other machines
+      leaves: ``G (W-G)/W`` ("cross": ``G (N-1)/N``).
+    """
+    N, G = machines, workers_per_machine
+    W = N * G
+    if op == "allreduce":
+        return 2.0 * (N - 1) / N * (G if scope == "cross" else 1)
+    if op == "allgather":
+        return float(G * (W - G)) if scope == "all" else float(G * (N - 1))
+    return G * (W - G) / W if scope == "all" else G * (N - 1) / N
+
+
 @dataclass(frozen=True)
 class CollectiveFit:
     """``t = latency_s + bytes / (bandwidth_bps / 8)`` for one call of one op in one scope.
@@ -154,17 +175,30 @@ class Calibration:
     @classmethod
     def defaults(cls, machines: int, workers_per_machine: int, bandwidth_bps: float,
                  latency_s: float) -> "Calibration":
-        """Documented defaults from a cluster's link: calls across machines pay ``latency_s`` per
-        message plus :data:`DEFAULT_CALL_OVERHEAD_S` and move bytes at ``bandwidth_bps``; calls
-        inside a machine pay :data:`DEFAULT_MACHINE_LATENCY_S` plus the overhead and move bytes at
-        :data:`DEFAULT_MACHINE_BANDWIDTH_BPS`. No compute figure (the profile's step time is used)."""
-        across = CollectiveFit(latency_s + DEFAULT_CALL_OVERHEAD_S, bandwidth_bps)
+        """Documented defaults from a cluster's link, in the units of a measured fit (bytes one
+        rank hands to a call, every rank calling at once).
+
+        Across machines a call pays :data:`DEFAULT_CALL_OVERHEAD_S` plus ``latency_s`` per
+        message round (allreduce ``2 (n-1)``, allgather and alltoall ``n - 1``; ``n = W`` ranks
+        for "all", ``N`` machines for "cross"), and moves its bytes at ``bandwidth_bps`` per
+        direction of the link divided by :func:`link_factor` (how many bytes cross one
+        machine's link, one way, per byte a rank hands). Inside a machine (and on one
+        machine) a call pays :data:`DEFAULT_MACHINE_LATENCY_S` plus the overhead and moves
+        bytes at :data:`DEFAULT_MACHINE_BANDWIDTH_BPS`. No compute figure (the profile's step
+        time is used)."""
         inside = CollectiveFit(DEFAULT_MACHINE_LATENCY_S + DEFAULT_CALL_OVERHEAD_S, DEFAULT_MACHINE_BANDWIDTH_BPS)
+        participants = {"all": machines * workers_per_machine, "cross": machines}
         fits = {}
         for op in COLLECTIVE_OPS:
             fits[f"{op}/machine"] = inside
-            fits[f"{op}/cross"] = across if machines > 1 else inside
-            fits[f"{op}/all"] = across if machines > 1 else inside
+            for scope, n in participants.items():
+                if machines == 1:
+                    fits[f"{op}/{scope}"] = inside
+                    continue
+                rounds = (2 if op == "allreduce" else 1) * (n - 1)
+                factor = link_factor(op, scope, machines, workers_per_machine)
+                fits[f"{op}/{scope}"] = CollectiveFit(DEFAULT_CALL_OVERHEAD_S + rounds * latency_s,
+                                                      bandwidth_bps / factor)
         return cls(machines, workers_per_machine, fits, measured=False, where="defaults")
 
     def to_dict(self) -> dict:

@@ -128,6 +128,7 @@ class Plan:
     ``plan[name]`` is a :class:`VariablePlan`; ``plan.method(name)``, ``plan.partitions(name)``;
     ``plan.names``, ``plan.ps_variables`` and ``plan.ar_variables`` are tuples of names.
     ``overrides`` names the variables whose method the user set by hand (:meth:`with_methods`).
+    ``explanations``: why AUTO chose what it chose, one line per decision (empty otherwise).
     """
 
     model_name: str
@@ -136,6 +137,7 @@ class Plan:
     variables: tuple[VariablePlan, ...]
     local_aggregation: bool = True
     overrides: tuple[str, ...] = ()
+    explanations: tuple[str, ...] = ()
     _index: dict = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -160,6 +162,7 @@ class Plan:
             raise PlanError(f"overrides name unknown variable(s) {unknown}")
         object.__setattr__(self, "variables", variables)
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        object.__setattr__(self, "explanations", tuple(self.explanations))
         object.__setattr__(self, "local_aggregation", bool(self.local_aggregation))
         object.__setattr__(self, "_index", index)
 
@@ -262,6 +265,7 @@ class Plan:
             "local_aggregation": self.local_aggregation,
             "cluster": self.cluster.to_dict() if self.cluster is not None else None,
             "overrides": list(self.overrides),
+            "explanations": list(self.explanations),
             "variables": [v.to_dict() for v in self.variables],
         }
 
@@ -295,6 +299,9 @@ class Plan:
         overrides = d.get("overrides", [])
         if not isinstance(overrides, list):
             raise PlanError(f"plan 'overrides' must be a list of names, got {overrides!r}")
+        explanations = d.get("explanations", [])
+        if not isinstance(explanations, list):
+            raise PlanError(f"plan 'explanations' must be a list of lines, got {explanations!r}")
         plan = cls(
             model_name=str(d["model_name"]),
             architecture=d["architecture"],
@@ -302,6 +309,7 @@ class Plan:
             variables=tuple(VariablePlan.from_dict(v, i) for i, v in enumerate(d["variables"])),
             local_aggregation=bool(d.get("local_aggregation", True)),
             overrides=tuple(overrides),
+            explanations=tuple(str(line) for line in explanations),
         )
         if variable_names is not None:
             plan.validate_for(variable_names)
@@ -348,6 +356,9 @@ class Plan:
             alpha = f"{v.alpha:.4f}" if v.alpha is not None else "-"
             lines.append(f"  {v.name:<{width}}  {v.kind.value:<6}  {alpha:>8}  {fmt(v.bytes_for(Method.PS)):>10}  "
                          f"{fmt(v.bytes_for(Method.AR)):>10}  {v.method.value:<6}  {v.partitions:>10}")
+        if self.explanations:
+            lines.append("Why (AUTO, estimated step time):")
+            lines.extend(f"  {line}" for line in self.explanations)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -363,15 +374,18 @@ def _bad_cluster(value: Any):
 
 def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Architecture" = "auto",
               partitions: "int | Mapping[str, int] | None" = None,
-              local_aggregation: bool | None = None) -> Plan:
+              local_aggregation: bool | None = None, calibration=None) -> Plan:
     """Plan every variable of ``profile`` for ``cluster`` under ``architecture``.
 
     AR / PS: every variable that method; HYBRID: PS for sparse, AR for dense; AUTO: per
-    variable, the method with fewer bytes per machine per step (ties to AR), see
-    :mod:`parallax_nb.cost.choice`. ``partitions``: an int for every PS variable, a mapping
-    name -> P, or None (one partition per worker for PS variables). ``local_aggregation``
-    overrides the cluster's setting (None keeps it). Each VariablePlan records the PS, AR
-    and sparse-as-dense bytes from :func:`parallax_nb.cost.variable_cost`.
+    variable, and local aggregation on or off, whatever gives the least estimated step time
+    (:mod:`parallax_nb.cost.auto`), with its reasons in ``plan.explanations``.
+    ``partitions``: an int for every PS variable, a mapping name -> P, or None (one partition
+    per worker for PS variables). ``local_aggregation`` overrides the cluster's setting; None
+    keeps it, except under AUTO, which then chooses it. ``calibration`` (a
+    :class:`~parallax_nb.calibration.Calibration` of this cluster's shape) prices AUTO's
+    choices; without one the defaults do. Each VariablePlan records the PS, AR and
+    sparse-as-dense bytes from :func:`parallax_nb.cost.variable_cost`.
     """
     if not isinstance(profile, Profile):
         raise ConfigError(f"make_plan needs a parallax_nb Profile, got {type(profile).__name__}",
@@ -380,20 +394,32 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
         raise ConfigError(f"make_plan needs a ClusterSpec, got {type(cluster).__name__}",
                           hint='build one with ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
     architecture = Architecture.parse(architecture)
-    if local_aggregation is not None and bool(local_aggregation) != cluster.local_aggregation:
-        cluster = cluster.replace(local_aggregation=bool(local_aggregation))
+    explanations: tuple[str, ...] = ()
+    if architecture is Architecture.AUTO:
+        from .cost.auto import choose_auto
+        from .cost.estimate import pricing
+
+        choice = choose_auto(profile, cluster, calibration, local_aggregation)
+        cluster, methods, explanations = choice.cluster, choice.methods, choice.explanations
+        costs = pricing(profile, cluster, calibration).costs
+    else:
+        if local_aggregation is not None and bool(local_aggregation) != cluster.local_aggregation:
+            cluster = cluster.replace(local_aggregation=bool(local_aggregation))
+        if calibration is not None:
+            from .cost.timing import calibration_for
+            calibration_for(cluster, calibration)   # a calibration of another shape is refused here too
+        costs = [variable_cost(var, cluster) for var in profile.variables]
+        methods = [choose_method(var.kind, architecture) for var in profile.variables]
     resolve = partitions_resolver(profile.names, partitions, cluster)
     planned = []
-    for var in profile.variables:
-        cost = variable_cost(var, cluster)
-        method = choose_method(var.kind, architecture, cost)
+    for var, cost, method in zip(profile.variables, costs, methods):
         planned.append(VariablePlan(
             name=var.name, kind=var.kind, method=method, partitions=resolve(var.name, method),
             alpha=min(max(var.alpha_mean, 0.0), 1.0), size_bytes=var.size_bytes,
             costs={key: cost.bytes_for(key) for key in RECORDED_COSTS},
         ))
     return Plan(model_name=profile.model_name, architecture=architecture, cluster=cluster,
-                variables=tuple(planned), local_aggregation=cluster.local_aggregation)
+                variables=tuple(planned), local_aggregation=cluster.local_aggregation, explanations=explanations)
 
 
 def plan_for_kinds(kinds: Mapping[str, "Kind | str"], architecture: "str | Architecture",

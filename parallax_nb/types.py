@@ -462,13 +462,23 @@ class Estimate:
     ``architecture`` is ``"ar" | "ps" | "hybrid" | "auto"`` or a baseline key
     (:data:`BASELINE_KEYS`). ``method_bytes_per_machine_per_step`` splits the bytes by the
     method charged (``Method.value`` keys; a baseline charges everything to its own key).
-    ``comm_time_s = transfer_time_s + latency_time_s`` with
-    ``transfer_time_s = bytes_per_machine_per_step / (bandwidth_bps / 8)`` and
-    ``latency_time_s = messages_per_step * latency_s``; ``step_time_s = compute_time_s +
-    comm_time_s`` (no overlap of compute and communication). ``examples_per_s = workers *
-    batch_size / step_time_s``. ``speedup_vs_ar`` / ``speedup_vs_ps`` = step time of all-AR /
-    all-PS divided by this step time (> 1: this choice is faster). ``variables`` and
-    ``methods`` are aligned: each variable's costs and the method this estimate charged it.
+    ``comm_time_s = transfer_time_s + latency_time_s``, summed over the
+    ``collective_calls_per_step`` calls the runtime issues: each call costs its calibrated
+    ``latency_s`` (``latency_time_s``) plus the bytes one rank hands to it over the fit's
+    bandwidth (``transfer_time_s``), see :mod:`parallax_nb.cost.timing`.
+    ``messages_per_step`` are the message rounds of the byte model (descriptive).
+    ``step_time_s = compute_time_s + comm_time_s`` (no overlap of compute and
+    communication); ``compute_time_s`` is the calibration's measured compute of this model
+    under the real placement, else the profile's single-device step time. ``calibration``
+    says which figures priced the calls (``"uncalibrated (defaults)"`` without a measurement).
+    ``coordination_bytes_per_machine_per_step`` is the link traffic of Horovod's own
+    coordination during the step (the calibration's idle rate times ``step_time_s``; 0
+    uncalibrated), kept apart from the model's ``bytes_per_machine_per_step``.
+    ``examples_per_s = workers * batch_size / step_time_s``. ``speedup_vs_ar`` /
+    ``speedup_vs_ps`` = step time of all-AR / all-PS divided by this step time (> 1: this
+    choice is faster). ``variables`` and ``methods`` are aligned: each variable's costs and
+    the method this estimate charged it. ``explanations``: AUTO's reasons, one line per
+    decision (local aggregation, then each variable), empty for other choices.
     """
 
     architecture: str
@@ -489,6 +499,15 @@ class Estimate:
     speedup_vs_ps: float | None = None
     variables: tuple[VariableCost, ...] = field(default=(), repr=False)
     methods: tuple[Method, ...] = field(default=(), repr=False)
+    calibration: str = "uncalibrated (defaults)"
+    collective_calls_per_step: int = 0
+    coordination_bytes_per_machine_per_step: float = 0.0
+    explanations: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def link_bytes_per_machine_per_step(self) -> float:
+        """What a machine's link carries per step: the model's bytes plus Horovod's coordination."""
+        return self.bytes_per_machine_per_step + self.coordination_bytes_per_machine_per_step
 
     def bytes_by_variable(self) -> dict[str, float]:
         """Variable name -> bytes per machine per step under the method this estimate charged."""
@@ -496,8 +515,9 @@ class Estimate:
         return {c.name: c.bytes_for(baseline or m) for c, m in zip(self.variables, self.methods)}
 
     def to_dict(self, include_variables: bool = False) -> dict:
-        skip = ("variables", "methods", "method_bytes_per_machine_per_step")
+        skip = ("variables", "methods", "method_bytes_per_machine_per_step", "explanations")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        d["explanations"] = list(self.explanations)
         d.update({f"{key}_bytes_per_machine_per_step": moved
                   for key, moved in self.method_bytes_per_machine_per_step.items()})
         d["cluster"] = self.cluster.to_dict()
@@ -508,7 +528,7 @@ class Estimate:
     def summary(self) -> str:
         text = (f"{self.architecture}: {format_bytes(self.bytes_per_machine_per_step)}/machine/step, "
                 f"{self.messages_per_step} messages, communication {self.comm_time_s * 1e3:.3f} ms, "
-                f"step {self.step_time_s * 1e3:.3f} ms, {self.examples_per_s:.1f} examples/s")
+                f"step {self.step_time_s * 1e3:.3f} ms, {self.examples_per_s:.1f} examples/s ({self.calibration})")
         if self.speedup_vs_ar is not None and self.speedup_vs_ps is not None:
             text += f", {self.speedup_vs_ar:.2f}x vs AR, {self.speedup_vs_ps:.2f}x vs PS"
         return text
@@ -518,8 +538,21 @@ class Estimate:
 class Collective:
     """One kind of collective a method issues per step: ``count`` calls of ``op`` among
     ``participants`` ("all" ranks, one "machine"'s ranks, or "cross": one local index
-    on every machine)."""
+    on every machine).
+
+    ``handed_bytes`` is what **one rank hands to these ``count`` calls together** (the tensor
+    of an allreduce, the rank's own slice of an allgather, the whole tensor a rank gives an
+    alltoall, its own part included), an expectation over steps; 0 where unknown (the
+    runtime's own listing names calls, not sizes). It is left out of equality, so the cost
+    side's listing and the runtime's compare by calls. A calibration turns it into time:
+    ``count * latency_s + handed_bytes / (bandwidth_bps / 8)`` (:meth:`time_s`).
+    """
 
     op: str
     count: int
     participants: str = "all"
+    handed_bytes: float = field(default=0.0, compare=False)
+
+    def time_s(self, fit) -> float:
+        """Seconds of these calls under ``fit`` (a :class:`~parallax_nb.calibration.CollectiveFit`)."""
+        return self.count * fit.latency_s + self.handed_bytes * 8.0 / fit.bandwidth_bps

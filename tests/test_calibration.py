@@ -39,7 +39,8 @@ def test_wrong_shape_names_both_shapes():
 def test_defaults_are_marked_uncalibrated():
     cal = Calibration.defaults(2, 2, 1e9, 25e-6)
     assert not cal.measured and "uncalibrated" in cal.label
-    assert cal.fit("allreduce", "cross").bandwidth_bps == 1e9
+    assert cal.fit("allreduce", "all").bandwidth_bps == 1e9   # 2 x 2: the machine's sum crosses once each way
+    assert cal.fit("alltoall", "cross").bandwidth_bps == 1e9 and cal.fit("allgather", "all").bandwidth_bps == 2.5e8
     assert cal.fit("allreduce", "machine").bandwidth_bps > 1e9
     one = Calibration.defaults(1, 4, 1e9, 25e-6)
     assert one.fit("alltoall", "all") == one.fit("alltoall", "machine")

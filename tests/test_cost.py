@@ -105,7 +105,11 @@ def test_one_machine_moves_nothing(local_aggregation):
     prof = lm_profile()
     for key, est in compare_architectures(prof, cluster).items():
         assert est.bytes_per_machine_per_step == 0 and est.messages_per_step == 0, key
-        assert est.step_time_s == prof.step_time_s
+        # the 4 ranks still call collectives, inside the machine: time but no link bytes
+        assert est.comm_time_s > 0 and est.step_time_s == pytest.approx(prof.step_time_s + est.comm_time_s), key
+    single = ClusterSpec(machines=1, workers_per_machine=1, local_aggregation=local_aggregation)
+    for key, est in compare_architectures(prof, single).items():
+        assert est.step_time_s == prof.step_time_s and est.collective_calls_per_step == 0, key  # one rank: no calls
 
 
 # ----------------------------------------------------------------------------- local aggregation
@@ -160,8 +164,17 @@ def test_one_worker_per_machine_is_the_same_with_or_without_local_aggregation():
 # ----------------------------------------------------------------------------- estimates
 
 
-def test_estimate_turns_bytes_and_rounds_into_time():
-    """Two dense variables fused into one allreduce (2·(N−1) rounds) plus the embedding's PS rounds."""
+def test_estimate_prices_the_calls_a_step_issues():
+    """HYBRID on 8 machines x 1 at 8 Gbit/s, 10 µs latency, uncalibrated (the defaults).
+
+    The embedding's PS lookup: 3 alltoalls among all 8 ranks, one rank handing 8,000 B of ids
+    (1,000 x 8) + 256,000 B of rows + 256,000 B of row gradients = 520,000 B. Default alltoall:
+    200 µs + 7 rounds x 10 µs = 270 µs per call; the link's 8 Gbit/s per direction carries
+    7/8 of what a rank hands (the share for other machines): 520,000 x 7/8 / 1e9 = 455 µs.
+    The two dense 16,384 B gradients: one fused allreduce, 200 µs + 14 x 10 µs = 340 µs, and
+    32,768 x 2 x 7/8 / 1e9 = 57.344 µs. Transfer 512.344 µs = half the 1,024,688 link bytes
+    (sent + received) over 1e9 B/s; latency 3 x 270 + 340 = 1,150 µs.
+    """
     prof = Profile("toy", batch_size=32, steps=20, step_time_s=0.010, peak_memory_bytes=0,
                    variables=(sparse_var(), dense_var("a"), dense_var("b")))
     cluster = ClusterSpec.create(machines=8, bandwidth="8Gbit/s", latency_s=10e-6)
@@ -173,11 +186,14 @@ def test_estimate_turns_bytes_and_rounds_into_time():
     assert est.method_bytes_per_machine_per_step["ar"] == pytest.approx(2 * 57_344, abs=BYTE)
     assert est.index_bytes_per_machine_per_step == pytest.approx(14_000, abs=BYTE)
     assert est.messages_per_step == 3 * 7 + 2 * 7
-    assert est.transfer_time_s == pytest.approx(total / 1e9)  # 8 Gbit/s = 1e9 bytes/s
-    assert est.latency_time_s == pytest.approx(35 * 10e-6)
+    assert est.collective_calls_per_step == 4
+    assert est.transfer_time_s == pytest.approx(512.344e-6)
+    assert est.transfer_time_s == pytest.approx(total / 2 / 1e9)
+    assert est.latency_time_s == pytest.approx(1_150e-6)
     assert est.comm_time_s == pytest.approx(est.transfer_time_s + est.latency_time_s)
     assert est.step_time_s == pytest.approx(0.010 + est.comm_time_s)
     assert est.examples_per_s == pytest.approx(8 * 32 / est.step_time_s)
+    assert est.calibration == "uncalibrated (defaults)"
     ests = compare_architectures(prof, cluster)
     assert est.speedup_vs_ar == pytest.approx(ests[Architecture.AR].step_time_s / est.step_time_s)
     assert est.speedup_vs_ps == pytest.approx(ests[Architecture.PS].step_time_s / est.step_time_s)
@@ -195,10 +211,8 @@ def test_compare_architectures_on_an_lm_shaped_profile():
     assert ests[Architecture.PS].bytes_per_machine_per_step == pytest.approx(sum(c.bytes_for("ps") for c in costs))
     assert ests[SPARSE_AS_DENSE].bytes_per_machine_per_step == pytest.approx(
         sum(4 * v.size_bytes * 7 / 8 for v in prof.variables))
-    auto = ests[Architecture.AUTO]
-    assert auto.bytes_per_machine_per_step == pytest.approx(sum(min(c.bytes_for("ps"), c.bytes_for("ar"))
-                                                                for c in costs))
-    assert auto.bytes_per_machine_per_step == pytest.approx(ests[Architecture.HYBRID].bytes_per_machine_per_step)
+    auto = ests[Architecture.AUTO]   # AUTO minimises time, not bytes: never slower than the others
+    assert auto.step_time_s <= min(ests[a].step_time_s for a in (Architecture.AR, Architecture.PS, Architecture.HYBRID))
     assert ests[Architecture.AR].speedup_vs_ar == 1.0 and ests[Architecture.PS].speedup_vs_ps == 1.0
     assert auto.speedup_vs_ar > 1.0 and ests[SPARSE_AS_DENSE].speedup_vs_ar < 1.0
     assert auto.sparse_bytes_per_machine_per_step + auto.dense_bytes_per_machine_per_step == \
@@ -224,13 +238,16 @@ def test_step_time_curve_starts_at_compute_time_and_auto_moves_least():
 # ----------------------------------------------------------------------------- AUTO choices
 
 
-@pytest.mark.parametrize("machines", [2, 4, 8, 64])
+@pytest.mark.parametrize("machines", [4, 8, 64])
 @pytest.mark.parametrize("local_aggregation", [True, False])
-def test_auto_picks_ps_for_sparse_and_ar_for_dense(machines, local_aggregation):
+def test_auto_picks_ps_for_the_big_tables_and_ar_for_dense(machines, local_aggregation):
+    """The two 25.6 MB tables go PS and the dense variables AR; the 200 KB softmax bias is
+    decided by a few calls' latency either way, so it is not pinned here (test_auto.py)."""
     prof = lm_profile()
-    plan = make_plan(prof, ClusterSpec(machines=machines, workers_per_machine=2, local_aggregation=local_aggregation))
+    plan = make_plan(prof, ClusterSpec(machines=machines, workers_per_machine=2), local_aggregation=local_aggregation)
     for v in prof.variables:
-        assert plan.method(v.name) is (Method.PS if v.is_sparse else Method.AR), v.name
+        if v.name != "softmax_b":
+            assert plan.method(v.name) is (Method.PS if v.is_sparse else Method.AR), v.name
 
 
 def test_auto_on_one_machine_keeps_everything_ar():
@@ -280,15 +297,17 @@ def test_cost_model_and_plan_import_no_tensorflow():
 def test_plain_horovod_allgathers_duplicate_rows():
     """Plain Horovod allgathers the IndexedSlices as TF made them: 1,500 lookups of 1,000 unique rows
     (s = 1,500 x (256 + 8) = 396,000 B per worker). N = 8, G = 1: 2·s·7 = 5,544,000 B, against
-    parallax_nb AR's deduplicated 3,696,000 B. With local aggregation and G = 2 the machine's
-    two slices are concatenated: 2·(2·s)·7 = 11,088,000 B."""
+    parallax_nb AR's deduplicated 3,696,000 B. With G = 2 (W = 16) Horovod allgathers among all 16
+    ranks, each its own slices, whatever local aggregation says: 2·G·s·(W−G) = 2·2·s·14 =
+    22,176,000 B (the model before gave Horovod local aggregation: 11,088,000, 2x too few)."""
     var = VariableProfile(**{**sparse_var().__dict__, "grad_bytes_per_step": 1500 * (256 + 8),
                              "union_rows_by_workers": (1000.0, 1900.0)})
     c = variable_cost(var, ClusterSpec(machines=8))
     assert c.bytes_for("horovod") == pytest.approx(5_544_000, abs=BYTE)
     assert c.bytes_for("ar") == pytest.approx(3_696_000, abs=BYTE)
-    assert variable_cost(var, ClusterSpec(machines=8, workers_per_machine=2)).bytes_for("horovod") == \
-        pytest.approx(11_088_000, abs=BYTE)
+    for aggregated in (True, False):
+        assert variable_cost(var, ClusterSpec(machines=8, workers_per_machine=2, local_aggregation=aggregated)
+                             ).bytes_for("horovod") == pytest.approx(22_176_000, abs=BYTE)
     assert variable_cost(dense_var(), ClusterSpec(machines=8)).bytes_for("horovod") == pytest.approx(57_344)
     prof = Profile("toy", 32, 20, 0.01, 0, (var, dense_var()))
     ests = compare_architectures(prof, ClusterSpec(machines=8), include_horovod=True)

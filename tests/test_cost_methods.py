@@ -63,5 +63,5 @@ def test_estimates_charge_each_variable_its_entry_and_baselines_their_own():
     tf_ps = sum(BASELINES[TF_PS][v.kind](v, cluster).bytes_per_step for v in prof.variables)
     assert variable_cost(prof.variables[0], cluster).bytes_for(TF_PS) > 0 and tf_ps > est.bytes_per_machine_per_step
     one_machine, eight = step_time_curve(prof, cluster, TF_PS, machines=[1, 8])
-    assert one_machine[1] == pytest.approx(prof.step_time_s)  # nothing crosses machines on one machine
+    assert one_machine[1] > prof.step_time_s   # one machine's 2 ranks still exchange, in shared memory
     assert eight[1] > one_machine[1]

@@ -4,16 +4,19 @@ step-time estimates, and the per-variable choices behind a Plan. No TensorFlow i
 * :data:`METHOD_COSTS` / :data:`BASELINES` — one cost entry per ``(Method, Kind)`` and per
   baseline (:mod:`.methods`; formulas in :mod:`.model`)
 * :func:`variable_cost` — one variable on one ClusterSpec, every method and baseline
-* :func:`estimate` — a Plan's bytes, communication and step time (:mod:`.estimate`);
+* :func:`estimate` — a Plan's bytes, communication and step time (:mod:`.estimate`), its
+  calls priced by a calibration (:mod:`.timing`; defaults when none is given);
   :func:`estimate_executed` — the same for what a run executed
+* :func:`choose_auto` — AUTO: least estimated step time, with a reason per decision (:mod:`.auto`)
 * :func:`compare_architectures` — AR, PS, HYBRID, AUTO and :data:`SPARSE_AS_DENSE`
-  (and :data:`PLAIN_HOROVOD` on request)
+  (and :data:`PLAIN_HOROVOD`, :data:`TF_PS` on request)
 * :func:`step_time_curve` / :func:`step_time_curves` — step time against the machine count
 * :data:`ASSUMPTIONS` — the model's assumptions in words, for reports
 """
 from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Estimate, MethodCost, VariableCost
-from .estimate import (WHOLE_MODEL, compare_architectures, estimate, estimate_executed, step_time_curve,
-                       step_time_curves, variable_costs)
+from .estimate import (WHOLE_MODEL, Pricing, compare_architectures, estimate, estimate_executed, pricing,
+                       step_time_curve, step_time_curves, variable_costs)
+from .auto import AutoChoice, choose_auto
 from .choice import choose_method, default_partitions
 from .methods import BASELINES, METHOD_COSTS, variable_cost
 from .model import INDEX_BYTES
@@ -21,8 +24,15 @@ from .model import INDEX_BYTES
 ASSUMPTIONS = (
     "Every byte figure is what one machine's network link sends plus receives in one step, an expectation "
     "over the profiled steps; traffic inside a machine (shared memory, PCIe, NVLink) is free.",
-    "Step time = profiled single-device compute time + communication time, with no overlap; communication "
-    "time = bytes / (bandwidth / 8) + message rounds x latency. Compute time does not change with N.",
+    "Step time = compute time + the time of the collective calls the runtime issues (the method table's calls, "
+    "one fused allreduce for all dense AR gradients), with no overlap: calls run one after the other and after "
+    "the compute. Each call costs latency_s + bytes one rank hands to it / (bandwidth_bps / 8), fitted per "
+    "operation and scope by a calibration of the cluster (px.calibrate); without one, defaults from the link's "
+    "bandwidth and latency (per call 200 µs + message rounds x latency; bandwidth shared by the machine's ranks "
+    "by each algorithm's factor) and the estimate says 'uncalibrated'.",
+    "Compute time is the calibration's compute of this model measured on every rank at once under the real "
+    "placement; uncalibrated, the profiled single-device step time, which does not change with N or with "
+    "ranks sharing a device.",
     "Dense AllReduce is a ring (reduce-scatter, then allgather): 4·m·(n−1)/n bytes per participant for a "
     "variable of m bytes among n participants.",
     "AllReduce of a sparse gradient (parallax_nb AR) sums duplicate rows, then allgathers values and int64 "
@@ -30,10 +40,11 @@ ASSUMPTIONS = (
     "Parameter server: every participant owns an even share of the rows; pull rows, push their gradients, "
     "serve the own shard: 4·α·m·(n−1)/n bytes, plus ids sent once to the owners 2·8·α·R·(n−1)/n "
     "(α = 1 and no ids for a dense variable).",
-    "Sparse-as-dense AR densifies a sparse gradient and ring-allreduces it: 4·m·(n−1)/n bytes. Plain "
-    "Horovod's default allgathers the IndexedSlices with duplicate rows (the profiled gradient bytes). "
-    "TensorFlow's parameter servers (the TF-PS baseline) are PS with every worker pushing and pulling on its "
-    "own (no local aggregation).",
+    "Sparse-as-dense AR densifies a sparse gradient and allreduces it with the dense ones: 4·m·(N−1)/N bytes "
+    "per machine. Plain Horovod's default allgathers the IndexedSlices among all W ranks, each rank its own "
+    "slices with duplicate rows (s profiled gradient bytes), no local aggregation: 2·G·s·(W−G) bytes per "
+    "machine. TensorFlow's parameter servers (the TF-PS baseline) are PS with every worker pushing and pulling "
+    "on its own (no local aggregation).",
     "Local aggregation (when on): a machine's G workers combine gradients first, so one participant per "
     "machine crosses the network and a sparse variable sends the measured union of its workers' rows "
     "(not G·α). When off, every worker is a participant with its own α. Dense AllReduce with local "
@@ -42,17 +53,19 @@ ASSUMPTIONS = (
     "emulated 2 x 2 network).",
     "A participant's volume is spread evenly over its n−1 peers, so the share leaving its machine is "
     "(n−g)/(n−1) for g participants per machine; on one machine nothing crosses the network.",
-    "Message rounds: ring allreduce 2·(n−1), all dense allreduces fused into one per step (Horovod's "
-    "tensor fusion); sparse allgather 2·(n−1) per variable; sparse PS 3·(n−1) per variable (three "
-    "alltoalls: ids, rows, gradients); dense PS 2·(n−1) per variable.",
-    "AUTO picks, per variable, the method with fewer bytes (ties to AR); latency enters the step-time "
-    "estimate only.",
-    "Partitions do not change bytes or rounds in the model (rows spread evenly over the owners); the "
-    "runtime's partition search measures their effect.",
+    "Message rounds (descriptive; time comes from the calls): ring allreduce 2·(n−1), all dense allreduces "
+    "fused into one per step (Horovod's tensor fusion); sparse allgather 2·(n−1) per variable; sparse PS "
+    "3·(n−1) per variable (three alltoalls: ids, rows, gradients; one lookup per variable and step); dense PS "
+    "2·(n−1) per variable.",
+    "AUTO minimises the estimated step time: per variable AR or PS, and local aggregation on or off (both "
+    "evaluated, the faster taken); it is never estimated slower than AR, PS or HYBRID, and says why for "
+    "each decision.",
+    "Partitions do not change bytes or calls in the model (rows spread evenly over the owners), so AUTO "
+    "leaves them at one per worker; the runtime's partition search measures their effect.",
     "α was measured on the profiled batches; other batches may be more or less sparse.",
 )
 
-__all__ = ["ASSUMPTIONS", "BASELINES", "INDEX_BYTES", "METHOD_COSTS", "PLAIN_HOROVOD", "SPARSE_AS_DENSE", "TF_PS",
-           "WHOLE_MODEL", "Estimate", "MethodCost", "VariableCost", "choose_method", "compare_architectures",
-           "default_partitions", "estimate", "estimate_executed", "step_time_curve", "step_time_curves",
-           "variable_cost", "variable_costs"]
+__all__ = ["ASSUMPTIONS", "AutoChoice", "BASELINES", "INDEX_BYTES", "METHOD_COSTS", "PLAIN_HOROVOD", "SPARSE_AS_DENSE",
+           "TF_PS", "WHOLE_MODEL", "Estimate", "MethodCost", "Pricing", "VariableCost", "choose_auto", "choose_method",
+           "compare_architectures", "default_partitions", "estimate", "estimate_executed", "pricing",
+           "step_time_curve", "step_time_curves", "variable_cost", "variable_costs"]

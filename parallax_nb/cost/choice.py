@@ -2,12 +2,11 @@
 
 * AR: every variable AllReduce. PS: every variable on the parameter servers.
 * HYBRID: PS for sparse variables, AR for dense ones (Parallax's default).
-* AUTO: per variable, the method that moves fewer bytes per machine per step under
-  :func:`parallax_nb.cost.model.variable_cost`; ties go to AR (so on one machine, where
-  nothing moves, everything is AR; and a dense variable, whose PS and AR volumes are equal,
-  stays AR). Without a profile there are no bytes to compare and AUTO falls back to HYBRID's
-  rule. Latency is left out of the choice on purpose: bytes are what the paper's argument
-  (and the runtime's accounting) measure; the step-time estimate adds latency afterwards.
+* AUTO: the least estimated step time, per variable and for local aggregation, with a reason
+  for each decision: :func:`parallax_nb.cost.auto.choose_auto` (``make_plan`` calls it).
+  :func:`choose_method` alone has no step times: given a :class:`VariableCost` it takes the
+  method moving fewer bytes (ties to AR), and without one (a plan from variable kinds alone)
+  HYBRID's rule.
 
 Partitions: a PS variable is split into P partitions, each owned by one rank. Unless told
 otherwise a PS variable gets one partition per worker (``cluster.workers``), so every rank

@@ -1,27 +1,30 @@
 """Step-time estimates of a plan and of the whole-model architectures.
 
-For a choice of one method per variable on a ClusterSpec (bandwidth ``B`` in bits/s, latency
-``L`` in s per message round):
+For a choice of one method per variable on a ClusterSpec, priced by a calibration
+(:mod:`.timing`; its defaults when none is given):
 
 * ``bytes_per_machine_per_step`` = sum over variables of the chosen method's bytes
-  (:mod:`parallax_nb.cost.model`), bytes;
-* ``messages_per_step`` = sum over variables of their collectives' rounds, except that every
-  tensor reduced by a dense allreduce (dense AR variables; every variable under
-  sparse-as-dense) is fused into **one** allreduce per step, as Horovod's tensor fusion does
-  (``2 (n-1)`` rounds in all). Sparse allgathers and PS exchanges are one collective per variable;
-* ``transfer_time_s = bytes / (B / 8)``, ``latency_time_s = messages * L``,
-  ``comm_time_s = transfer_time_s + latency_time_s``;
-* ``step_time_s = compute_time_s + comm_time_s`` where ``compute_time_s`` is the profiled
-  single-device step time with the per-worker batch: no overlap of communication with
-  compute (a pessimistic bound), and the network is the only shared resource;
+  (:mod:`parallax_nb.cost.model`), bytes; ``messages_per_step`` their message rounds, every
+  dense allreduce fused into one per step (descriptive: time comes from the calls);
+* ``comm_time_s`` = the time of the calls the runtime issues, each from the calibration's
+  fit of its op and scope with the bytes one rank hands to it; the dense AR gradients ride
+  one fused allreduce (:mod:`.timing`); ``latency_time_s`` its per-call part,
+  ``transfer_time_s`` the rest;
+* ``step_time_s = compute_time_s + comm_time_s``: no overlap of communication with compute;
+  ``compute_time_s`` is the calibration's measured compute of the model under the real
+  placement, else the profile's single-device step time;
 * ``examples_per_s = workers * batch_size / step_time_s``;
 * speedups are step-time ratios: ``speedup_vs_ar = step(all AR) / step(this)``.
 
 The baselines (:data:`parallax_nb.cost.methods.BASELINES`) are estimated the same way, every
-variable charged the baseline's cost: Horovod with ``sparse_as_dense=True``
+variable charged the baseline's cost and calls: Horovod with ``sparse_as_dense=True``
 (:data:`SPARSE_AS_DENSE`), Horovod's defaults (:data:`PLAIN_HOROVOD`: sparse gradients
-allgathered with their duplicate rows, dense ones fused into one allreduce) and TensorFlow's
-parameter servers (:data:`TF_PS`).
+allgathered among all ranks with their duplicate rows, dense ones fused into one allreduce)
+and TensorFlow's parameter servers (:data:`TF_PS`).
+
+Everything one ``(profile, cluster, calibration)`` needs is computed once in a
+:class:`Pricing` and reused by the plan's estimate, the whole-model ones and AUTO's search
+(a 1,000-variable replan stays within milliseconds).
 """
 from __future__ import annotations
 
@@ -29,13 +32,16 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from ..errors import ConfigError, PlanError
-from ..types import (BASELINE_KEYS, PLAIN_HOROVOD, SPARSE_AS_DENSE, Architecture, ClusterSpec, Estimate, Kind, Method,
-                     Profile, VariableCost)
+from ..types import (BASELINE_KEYS, PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, ClusterSpec, Estimate, Kind,
+                     Method, Profile, VariableCost)
+from .choice import choose_method
 from .methods import variable_cost
 from .model import participants, rounds
-from .choice import choose_method
+from .timing import CallTime, calibration_for, call_time, compute_time_s, step_communication
 
 WHOLE_MODEL = (Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO)
+_PRICINGS: dict = {}
+_PRICINGS_KEPT = 16
 
 
 def _check_inputs(profile, cluster) -> None:
@@ -52,52 +58,97 @@ def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]
     return [variable_cost(v, cluster) for v in profile.variables]
 
 
-def _total(label: str, profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost],
-           methods: Sequence[Method]) -> Estimate:
-    """Sum the charged costs' bytes and rounds and turn them into times (module docstring).
+class Pricing:
+    """The costs and call times of every variable of ``profile`` on ``cluster`` under a
+    calibration (checked against the cluster's shape; defaults when None), computed once."""
 
-    A baseline ``label`` (:data:`BASELINE_KEYS`) charges every variable that baseline's cost;
-    otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`.
-    """
-    baseline = label if label in BASELINE_KEYS else None
-    total = index = sparse = dense = 0.0
-    by_method: dict[str, float] = {}
-    messages = 0
-    fused_allreduce = False
-    for cost, method in zip(costs, methods):
-        key = baseline or method.value
-        charged = cost.cost_of(key)
-        total += charged.bytes_per_step
-        index += charged.index_bytes_per_step
-        by_method[key] = by_method.get(key, 0.0) + charged.bytes_per_step
-        if charged.fused_allreduce:
-            fused_allreduce = True
-        else:
-            messages += charged.messages_per_step
-        if cost.kind is Kind.SPARSE:
-            sparse += charged.bytes_per_step
-        else:
-            dense += charged.bytes_per_step
-    if fused_allreduce and cluster.machines > 1:
-        messages += rounds("allreduce", participants(cluster)[0])
-    transfer = total * 8.0 / cluster.bandwidth_bps
-    latency = messages * cluster.latency_s
-    comm = transfer + latency
-    step = profile.step_time_s + comm
-    return Estimate(
-        architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
-        index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,
-        sparse_bytes_per_machine_per_step=sparse,
-        dense_bytes_per_machine_per_step=dense, messages_per_step=messages,
-        compute_time_s=profile.step_time_s, transfer_time_s=transfer, latency_time_s=latency,
-        comm_time_s=comm, step_time_s=step,
-        examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
-        variables=tuple(costs), methods=tuple(methods),
-    )
+    def __init__(self, profile: Profile, cluster: ClusterSpec, calibration=None,
+                 costs: Sequence[VariableCost] | None = None):
+        _check_inputs(profile, cluster)
+        self.profile = profile
+        self.cluster = cluster
+        self.calibration = calibration_for(cluster, calibration)
+        self.costs = list(costs) if costs is not None else variable_costs(profile, cluster)
+        self.compute_time_s = compute_time_s(profile, self.calibration)
+        self._times: dict[str, list[CallTime]] = {}
+
+    def times(self, key: str) -> list[CallTime]:
+        """Per variable, the call time of its cost under ``key`` (a Method value or baseline key)."""
+        if key not in self._times:
+            ranks = self.cluster.workers
+            self._times[key] = [call_time(c.cost_of(key), self.calibration, ranks) for c in self.costs]
+        return self._times[key]
+
+    def charged_keys(self, label: str, methods: Sequence[Method]) -> list[str]:
+        return [label] * len(self.costs) if label in BASELINE_KEYS else [m.value for m in methods]
+
+    def total(self, label: str, methods: Sequence[Method], explanations: tuple[str, ...] = ()) -> Estimate:
+        """Sum the charged costs' bytes and rounds and the calls' time (module docstring).
+
+        A baseline ``label`` (:data:`BASELINE_KEYS`) charges every variable that baseline's cost;
+        otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`.
+        """
+        profile, cluster, costs = self.profile, self.cluster, self.costs
+        keys = self.charged_keys(label, methods)
+        total = index = sparse = dense = 0.0
+        by_method: dict[str, float] = {}
+        messages = 0
+        fused_allreduce = False
+        times = []
+        for i, (cost, key) in enumerate(zip(costs, keys)):
+            charged = cost.cost_of(key)
+            total += charged.bytes_per_step
+            index += charged.index_bytes_per_step
+            by_method[key] = by_method.get(key, 0.0) + charged.bytes_per_step
+            if charged.fused_allreduce:
+                fused_allreduce = True
+            else:
+                messages += charged.messages_per_step
+            if cost.kind is Kind.SPARSE:
+                sparse += charged.bytes_per_step
+            else:
+                dense += charged.bytes_per_step
+            times.append(self.times(key)[i])
+        if fused_allreduce and cluster.machines > 1:
+            messages += rounds("allreduce", participants(cluster)[0])
+        comm = step_communication(times, self.calibration)
+        compute = self.compute_time_s
+        step = compute + comm.comm_time_s
+        coordination = self.calibration.coordination_bytes_per_s * step if cluster.machines > 1 else 0.0
+        return Estimate(
+            architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
+            index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,
+            sparse_bytes_per_machine_per_step=sparse,
+            dense_bytes_per_machine_per_step=dense, messages_per_step=messages,
+            compute_time_s=compute, transfer_time_s=comm.transfer_time_s, latency_time_s=comm.latency_time_s,
+            comm_time_s=comm.comm_time_s, step_time_s=step,
+            examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
+            variables=tuple(costs), methods=tuple(methods), calibration=self.calibration.label,
+            collective_calls_per_step=comm.calls, coordination_bytes_per_machine_per_step=coordination,
+            explanations=tuple(explanations),
+        )
+
+    def architecture(self, architecture: Architecture) -> Estimate:
+        """AR, PS or HYBRID on this pricing's cluster (AUTO: see :func:`.auto.choose_auto`)."""
+        return self.total(architecture.value, [choose_method(c.kind, architecture) for c in self.costs])
+
+    def baseline(self, key: str) -> Estimate:
+        return self.total(key, [Method.AR] * len(self.costs))
 
 
-def _methods(costs: Sequence[VariableCost], architecture: Architecture) -> list[Method]:
-    return [choose_method(c.kind, architecture, c) for c in costs]
+def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing:
+    """The :class:`Pricing` of these inputs, reused while the same profile, cluster and
+    calibration come back (the planner asks several times per change)."""
+    _check_inputs(profile, cluster)
+    key = (id(profile), cluster, calibration)
+    kept = _PRICINGS.get(key)
+    if kept is not None and kept.profile is profile:
+        return kept
+    made = Pricing(profile, cluster, calibration)
+    if len(_PRICINGS) >= _PRICINGS_KEPT:
+        _PRICINGS.pop(next(iter(_PRICINGS)))
+    _PRICINGS[key] = made
+    return made
 
 
 def _with_speedups(est: Estimate, ar: Estimate, ps: Estimate) -> Estimate:
@@ -106,22 +157,35 @@ def _with_speedups(est: Estimate, ar: Estimate, ps: Estimate) -> Estimate:
     return replace(est, speedup_vs_ar=ratio(ar), speedup_vs_ps=ratio(ps))
 
 
-def _whole_model(profile: Profile, cluster: ClusterSpec, costs: Sequence[VariableCost],
-                 include_horovod: bool = False) -> dict:
-    out: dict = {a: _total(a.value, profile, cluster, costs, _methods(costs, a)) for a in WHOLE_MODEL}
-    baselines = (SPARSE_AS_DENSE, PLAIN_HOROVOD) if include_horovod else (SPARSE_AS_DENSE,)
+def auto_estimate(profile: Profile, cluster: ClusterSpec, calibration=None, local_aggregation=None) -> Estimate:
+    """AUTO's time-optimal choice as an Estimate, with its explanations (:mod:`.auto`);
+    ``local_aggregation`` None lets AUTO choose it, a bool pins it."""
+    from .auto import choose_auto
+
+    choice = choose_auto(profile, cluster, calibration, local_aggregation)
+    return pricing(profile, choice.cluster, calibration).total(Architecture.AUTO.value, choice.methods,
+                                                                choice.explanations)
+
+
+def _whole_model(profile: Profile, cluster: ClusterSpec, calibration=None, include_horovod: bool = False) -> dict:
+    priced = pricing(profile, cluster, calibration)
+    out: dict = {a: priced.architecture(a) for a in WHOLE_MODEL if a is not Architecture.AUTO}
+    out[Architecture.AUTO] = auto_estimate(profile, cluster, calibration)
+    baselines = (SPARSE_AS_DENSE, PLAIN_HOROVOD, TF_PS) if include_horovod else (SPARSE_AS_DENSE,)
     for key in baselines:
-        out[key] = _total(key, profile, cluster, costs, [Method.AR] * len(costs))
+        out[key] = priced.baseline(key)
     ar, ps = out[Architecture.AR], out[Architecture.PS]
     return {k: _with_speedups(e, ar, ps) for k, e in out.items()}
 
 
-def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Estimate:
+def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None, calibration=None) -> Estimate:
     """Estimated bytes, communication and step time of ``plan`` for ``profile``.
 
     ``cluster`` defaults to the plan's own, with the plan's ``local_aggregation`` (the switch
-    the runtime follows); the plan must name exactly the profile's variables. Speedups compare
-    with all-AR and all-PS on the same cluster.
+    the runtime follows); the plan must name exactly the profile's variables. ``calibration``
+    (a :class:`~parallax_nb.calibration.Calibration` of the cluster's shape) prices the calls;
+    without one the defaults do and the estimate says "uncalibrated". Speedups compare with
+    all-AR and all-PS on the same cluster. A plan AUTO made keeps its explanations.
     """
     if cluster is None and plan.cluster is not None:
         cluster = plan.cluster
@@ -132,17 +196,17 @@ def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None) -> Esti
                         hint="pass cluster=ClusterSpec(...) to estimate(), or make the plan with make_plan()")
     _check_inputs(profile, cluster)
     plan.validate_for(profile.names)
-    costs = variable_costs(profile, cluster)
-    own = _total(plan.architecture.value, profile, cluster, costs, [plan.method(c.name) for c in costs])
-    ar = _total("ar", profile, cluster, costs, _methods(costs, Architecture.AR))
-    ps = _total("ps", profile, cluster, costs, _methods(costs, Architecture.PS))
-    return _with_speedups(own, ar, ps)
+    priced = pricing(profile, cluster, calibration)
+    own = priced.total(plan.architecture.value, [plan.method(c.name) for c in priced.costs],
+                       getattr(plan, "explanations", ()))
+    return _with_speedups(own, priced.architecture(Architecture.AR), priced.architecture(Architecture.PS))
 
 
-def estimate_executed(profile: Profile, executed, cluster: ClusterSpec) -> Estimate:
+def estimate_executed(profile: Profile, executed, cluster: ClusterSpec, calibration=None) -> Estimate:
     """Estimated cost of what a run executed (:class:`parallax_nb.executed.ExecutedPlan`): each
     variable charged the table entry of the method and the kind it ran as (a sparse variable
-    served whole is charged as a dense one), on ``cluster`` (the run's topology)."""
+    served whole is charged as a dense one), on ``cluster`` (the run's topology), priced by
+    ``calibration`` (defaults when None)."""
     _check_inputs(profile, cluster)
     ran = [executed[v.name] if v.name in executed else None for v in profile.variables]
     missing = [v.name for v, r in zip(profile.variables, ran) if r is None]
@@ -150,23 +214,26 @@ def estimate_executed(profile: Profile, executed, cluster: ClusterSpec) -> Estim
         raise PlanError(f"the executed plan has no entry for variable(s) {missing}",
                         hint="is the run from another model? Compare it with this model's profile")
     served = [v if r.kind is v.kind else replace(v, kind=r.kind) for v, r in zip(profile.variables, ran)]
-    costs = [variable_cost(v, cluster) for v in served]
-    own = _total(executed.architecture, profile, cluster, costs, [r.method for r in ran])
-    ar = _total("ar", profile, cluster, costs, _methods(costs, Architecture.AR))
-    ps = _total("ps", profile, cluster, costs, _methods(costs, Architecture.PS))
-    return _with_speedups(own, ar, ps)
+    priced = Pricing(profile, cluster, calibration, costs=[variable_cost(v, cluster) for v in served])
+    own = priced.total(executed.architecture, [r.method for r in ran])
+    return _with_speedups(own, priced.architecture(Architecture.AR), priced.architecture(Architecture.PS))
 
 
-def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovod: bool = False) -> dict:
+def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovod: bool = False,
+                          calibration=None) -> dict:
     """``{Architecture.AR, .PS, .HYBRID, .AUTO, SPARSE_AS_DENSE: Estimate}`` on ``cluster``.
 
-    Keys are str-valued, so ``result["hybrid"]`` works too. ``SPARSE_AS_DENSE`` is plain
-    Horovod with ``sparse_as_dense=True``: every variable allreduced densely. With
-    ``include_horovod``, also ``PLAIN_HOROVOD``: Horovod's defaults, sparse gradients
-    allgathered with their duplicate rows (for benchmarks against plain Horovod).
+    Keys are str-valued, so ``result["hybrid"]`` works too. AR, PS and HYBRID run with the
+    cluster's local aggregation; AUTO chooses its methods and local aggregation for the
+    least estimated step time (:mod:`.auto`), so it is never estimated slower than they are.
+    ``SPARSE_AS_DENSE`` is plain Horovod with ``sparse_as_dense=True``: every variable
+    allreduced densely. With ``include_horovod``, also ``PLAIN_HOROVOD`` (Horovod's defaults,
+    sparse gradients allgathered among all ranks with their duplicate rows) and ``TF_PS``
+    (TensorFlow's parameter servers), the baselines a user would otherwise run.
+    ``calibration`` prices the calls (defaults when None).
     """
     _check_inputs(profile, cluster)
-    return _whole_model(profile, cluster, variable_costs(profile, cluster), include_horovod)
+    return _whole_model(profile, cluster, calibration, include_horovod)
 
 
 def _curve_key(architecture) -> str:
@@ -184,10 +251,11 @@ def _check_machines(machines: Iterable[int]) -> list[int]:
 
 def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[int] = range(1, 65),
                      architectures: Iterable = (*WHOLE_MODEL, SPARSE_AS_DENSE)) -> dict:
-    """Estimated step time against the machine count, other cluster fields kept.
+    """Estimated step time against the machine count, other cluster fields kept (uncalibrated:
+    a calibration holds for one cluster shape only).
 
     Returns ``{"machines": [N, ...], "step_time_s": {architecture: [seconds, ...]}}`` (the
-    report's chart data); AUTO re-chooses its methods at every N.
+    report's chart data); AUTO re-chooses its methods and local aggregation at every N.
     """
     _check_inputs(profile, cluster)
     counts = _check_machines(machines)
@@ -195,12 +263,14 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[
     curves: dict[str, list[float]] = {k: [] for k in keys}
     for n in counts:
         spec = cluster.replace(machines=n)
-        costs = variable_costs(profile, spec)
+        priced = Pricing(profile, spec)
         for key in keys:
             if key in BASELINE_KEYS:
-                est = _total(key, profile, spec, costs, [Method.AR] * len(costs))
+                est = priced.baseline(key)
+            elif key == Architecture.AUTO.value:
+                est = auto_estimate(profile, spec)
             else:
-                est = _total(key, profile, spec, costs, _methods(costs, Architecture(key)))
+                est = priced.architecture(Architecture(key))
             curves[key].append(est.step_time_s)
     return {"machines": counts, "step_time_s": curves}
 

@@ -7,20 +7,23 @@ variable per step. The runtime side keeps one exchange per key in
 ``parallax_nb.runtime.exchanges.EXCHANGES``; a test keeps the two tables' keys equal, so a new
 method (e.g. asynchronous PS) is one entry here, one exchange there, plus their tests.
 
-:data:`BASELINES` maps a baseline's key to one such function per Kind: plain Horovod's
-defaults (:data:`PLAIN_HOROVOD`: ``IndexedSlices`` allgathered among all W ranks with their
-duplicate rows, no local aggregation), Horovod with ``sparse_as_dense=True``
+:data:`BASELINES` maps a baseline's key to one such function per Kind, each as users run
+it: plain Horovod's defaults (:data:`PLAIN_HOROVOD`: ``IndexedSlices`` allgathered among all W
+ranks, each rank sending its own slices with their duplicate rows, no local aggregation;
+dense gradients one fused allreduce), Horovod with ``sparse_as_dense=True``
 (:data:`SPARSE_AS_DENSE`) and TensorFlow's parameter-server training (:data:`TF_PS`: every
 variable on the servers, each worker pushes and pulls on its own, no local aggregation).
 Every formula is in :mod:`parallax_nb.cost.model`.
 
-Collectives describe the runtime as it issues them: a dense allreduce is one grouped call
-shared by every dense AR variable (Horovod's tensor fusion); with local aggregation on G > 1
-ranks per machine, sparse collectives first gather inside the machine ("machine"), then
-exchange among the ranks of one local index ("cross"), then share inside the machine again.
+Collectives describe the runtime as it issues them, each with the bytes one rank hands to
+it (what a calibration prices, :mod:`.timing`): a dense allreduce is one grouped call shared
+by every dense AR variable (Horovod's tensor fusion); with local aggregation on G > 1 ranks
+per machine, sparse collectives first gather inside the machine ("machine"), then exchange
+among the ranks of one local index ("cross"), then share inside the machine again.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Mapping
 
 from ..types import (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, ClusterSpec, Collective, Kind, Method, MethodCost,
@@ -44,46 +47,87 @@ def _rounds(collective: str, n: int, cluster: ClusterSpec) -> int:
     return 0 if cluster.machines == 1 else rounds(collective, n)
 
 
-def _two_level(cluster: ClusterSpec, flat: tuple, machine: int, cross: int) -> tuple:
-    """``flat`` collectives among all ranks, or, with local aggregation on G > 1 ranks per
-    machine, ``machine`` alltoalls inside the machine and ``cross`` among one local index."""
-    if cluster.local_aggregation and cluster.workers_per_machine > 1:
-        return Collective("alltoall", machine, "machine"), Collective("alltoall", cross, "cross")
-    return flat
+def _two_level(cluster: ClusterSpec) -> bool:
+    """Whether the runtime runs local aggregation's two levels: asked for, and G > 1 (with one
+    rank per machine it runs the flat collectives, which move the same bytes)."""
+    return cluster.local_aggregation and cluster.workers_per_machine > 1
+
+
+def _calls(op: str, scope: str, *handed: float) -> Collective:
+    """``len(handed)`` calls of ``op`` in ``scope``, one rank handing ``handed[i]`` bytes to call i."""
+    return Collective(op, len(handed), scope, float(sum(handed)))
 
 
 def ar_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """Ring allreduce ``4 m (n-1)/n``, fused with every other dense allreduce of the step."""
+    """Ring allreduce ``4 m (n-1)/n``, fused with every other dense allreduce of the step; one
+    rank hands the whole gradient, ``m`` bytes, to that one call (also with local aggregation:
+    the runtime keeps it one allreduce over all ranks)."""
     n, scale, _ = _shape(var, cluster)
     return MethodCost(allreduce_bytes(var.size_bytes, n) * scale, 0.0, _rounds("allreduce", n, cluster),
-                      (Collective("allreduce", 1, "all"),), fused_allreduce=True)
+                      (_calls("allreduce", "all", var.size_bytes),), fused_allreduce=True)
 
 
 def ar_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """Allgatherv of the deduplicated rows: ``2 a m (n-1)`` + indices ``2 * 8 a R (n-1)``."""
+    """Allgatherv of the deduplicated rows: ``2 a m (n-1)`` + indices ``2 * 8 a R (n-1)``.
+
+    Calls (one rank's handed bytes): flat, an allgather of its ``a1 m`` value bytes and one of
+    its ``8 a1 R`` index bytes. Two-level (G > 1): gathers of its values and indices inside the
+    machine (each tiled to the G ranks: ``G a1 m``, ``G 8 a1 R``), across machines its 1/G of
+    the machine's union tiled to N peers (``N aG m / G``, ``N 8 aG R / G``), and shares of the
+    N machines' unions inside the machine (``N aG m``, ``N 8 aG R``)."""
     n, scale, alpha = _shape(var, cluster)
     index = allgather_index_bytes(alpha, var.rows, n) * scale
+    values, ids = alpha * var.size_bytes, INDEX_BYTES * alpha * var.rows
+    if _two_level(cluster):
+        N, G = cluster.machines, cluster.workers_per_machine
+        one = var.alpha_for_workers(1)
+        inside = _calls("alltoall", "machine", G * one * var.size_bytes, G * INDEX_BYTES * one * var.rows,
+                        N * values, N * ids)
+        collectives = (inside, _calls("alltoall", "cross", N * values / G, N * ids / G)) if N > 1 else (inside,)
+    else:
+        collectives = (_calls("allgather", "all", values, ids),)
     return MethodCost(allgather_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                      _rounds("allgather", n, cluster),
-                      _two_level(cluster, (Collective("allgather", 2, "all"),), machine=4, cross=2))
+                      _rounds("allgather", n, cluster), collectives)
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Push the gradient to the owners, pull fresh values: ``4 m (n-1)/n``, no indices. With
-    local aggregation a machine reduce-scatters inside, pushes and pulls once, then shares."""
+    local aggregation a machine reduce-scatters inside, pushes and pulls once, then shares.
+
+    Calls: flat, a push (the whole gradient, ``m``) and a pull (the own ``m/W`` tiled to W
+    ranks, ``m``). Two-level: inside the machine a reduce-scatter and a share (``m`` each),
+    across machines a push and a pull of the rank's ``m/G``."""
     n, scale, _ = _shape(var, cluster)
-    return MethodCost(ps_value_bytes(1.0, var.size_bytes, n) * scale, 0.0, _rounds("ps_dense", n, cluster),
-                      _two_level(cluster, (Collective("alltoall", 2, "all"),), machine=2, cross=2))
+    m = var.size_bytes
+    if _two_level(cluster):
+        G = cluster.workers_per_machine
+        collectives = (_calls("alltoall", "cross", m / G, m / G), _calls("alltoall", "machine", m, m))
+    else:
+        collectives = (_calls("alltoall", "all", m, m),)
+    return MethodCost(ps_value_bytes(1.0, m, n) * scale, 0.0, _rounds("ps_dense", n, cluster), collectives)
 
 
 def ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Touched rows from their owners: ``4 a m (n-1)/n`` + ids ``2 * 8 a R (n-1)/n``
-    (alltoalls of ids, rows and row gradients)."""
+    (alltoalls of ids, rows and row gradients), for one lookup of the variable per step.
+
+    Calls: flat, a rank hands its ``8 a1 R`` unique ids, serves as many rows (``a1 m``) and
+    sends their gradients (``a1 m``). Two-level: inside the machine a gather of the ids
+    (``G 8 a1 R``), the share of the requested rows and its reverse (``aG m`` each); across
+    machines each rank asks for 1/G of the machine's union (``8 aG R / G``, ``aG m / G``,
+    ``aG m / G``)."""
     n, scale, alpha = _shape(var, cluster)
     index = ps_index_bytes(alpha, var.rows, n) * scale
+    values, ids = alpha * var.size_bytes, INDEX_BYTES * alpha * var.rows
+    if _two_level(cluster):
+        G = cluster.workers_per_machine
+        one_ids = INDEX_BYTES * var.alpha_for_workers(1) * var.rows
+        collectives = (_calls("alltoall", "machine", G * one_ids, values, values),
+                       _calls("alltoall", "cross", ids / G, values / G, values / G))
+    else:
+        collectives = (_calls("alltoall", "all", ids, values, values),)
     return MethodCost(ps_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                      _rounds("ps_sparse", n, cluster),
-                      _two_level(cluster, (Collective("alltoall", 3, "all"),), machine=3, cross=3))
+                      _rounds("ps_sparse", n, cluster), collectives)
 
 
 METHOD_COSTS: Mapping[tuple[Method, Kind], CostFunction] = {
@@ -94,38 +138,59 @@ METHOD_COSTS: Mapping[tuple[Method, Kind], CostFunction] = {
 }
 
 
+@functools.lru_cache(maxsize=64)
+def _aggregated(cluster: ClusterSpec, on: bool) -> ClusterSpec:
+    return cluster if cluster.local_aggregation == on else cluster.replace(local_aggregation=on)
+
+
+def _placed_by_machine(cluster: ClusterSpec) -> ClusterSpec:
+    """The cluster as Horovod's flat allreduce sees it: ranks placed machine by machine, whose
+    link bytes Open MPI keeps at the two-level figure (measured 2.02 m against 2 m per link on
+    an emulated 2 x 2 network), whatever parallax_nb's local-aggregation switch says."""
+    return _aggregated(cluster, True)
+
+
 def sparse_as_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """Horovod ``sparse_as_dense=True``: the gradient densified and ring-allreduced, ``4 m (n-1)/n``."""
-    n, scale, _ = _shape(var, cluster)
-    return MethodCost(allreduce_bytes(var.size_bytes, n) * scale, 0.0, _rounds("allreduce", n, cluster),
-                      (Collective("allreduce", 1, "all"),), fused_allreduce=True)
+    """Horovod ``sparse_as_dense=True``: the gradient densified and allreduced with the step's
+    other dense gradients (one fused call over all ranks, ``m`` handed): ``4 m (N-1)/N`` per
+    machine as for parallax_nb's dense AR."""
+    return ar_dense(var, _placed_by_machine(cluster))
+
+
+def horovod_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+    """Plain Horovod's dense gradient: one fused allreduce over all ranks, as parallax_nb's AR."""
+    return ar_dense(var, _placed_by_machine(cluster))
 
 
 def horovod_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """Horovod's default for ``IndexedSlices``: allgathered among all W ranks as TensorFlow made
-    them, one row per lookup with duplicates: ``2 c s (n-1)`` for ``s`` profiled gradient bytes
-    per worker and ``c`` slices per participant (G under local aggregation, 1 without); indices
-    not split out. Under local aggregation this is the machine's G slices crossing its link
-    once per other machine, as a ring allgather over ranks placed machine by machine does
-    (Horovod does not combine them; the figure is the existing model's, unchanged)."""
-    n, scale, _ = _shape(var, cluster)
-    slices = cluster.workers_per_machine if cluster.local_aggregation else 1
+    """Horovod's default for ``IndexedSlices`` as users run it: allgathered among **all W ranks**,
+    each rank sending its own slices as TensorFlow made them (one row per lookup, duplicates
+    included), no local aggregation: ``2 s (W-1)`` per rank for ``s`` profiled gradient bytes
+    (values and int64 indices), of which a machine's link carries ``G * r`` with
+    ``r = (W-G)/(W-1)``: ``2 G s (W-G)``. Calls: an allgather of the values and one of the
+    indices, ``s`` bytes handed in all."""
+    W, G = cluster.workers, cluster.workers_per_machine
     per_worker = var.grad_bytes_per_step if var.grad_bytes_per_step > 0 else \
         var.alpha_for_workers(1) * var.rows * (var.row_bytes + INDEX_BYTES)
-    return MethodCost(allgather_duplicates_bytes(slices * per_worker, n) * scale, 0.0,
-                      _rounds("allgather", n, cluster), (Collective("allgather", 2, "all"),))
+    index = per_worker * INDEX_BYTES / (var.row_bytes + INDEX_BYTES)
+    scale = G * remote_share(W, G)
+    return MethodCost(allgather_duplicates_bytes(per_worker, W) * scale,
+                      allgather_duplicates_bytes(index, W) * scale,
+                      0 if cluster.machines == 1 else rounds("allgather", W),
+                      (_calls("allgather", "all", per_worker - index, index),))
 
 
 def _without_local_aggregation(cost: CostFunction) -> CostFunction:
     def baseline(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-        return cost(var, cluster.replace(local_aggregation=False))
+        return cost(var, _aggregated(cluster, False))
+    baseline.__name__ = f"tf_{cost.__name__}"
     baseline.__doc__ = f"{cost.__name__} with every worker a participant of its own (no local aggregation)."
     return baseline
 
 
 BASELINES: Mapping[str, Mapping[Kind, CostFunction]] = {
     SPARSE_AS_DENSE: {Kind.DENSE: sparse_as_dense, Kind.SPARSE: sparse_as_dense},
-    PLAIN_HOROVOD: {Kind.DENSE: ar_dense, Kind.SPARSE: horovod_sparse},
+    PLAIN_HOROVOD: {Kind.DENSE: horovod_dense, Kind.SPARSE: horovod_sparse},
     TF_PS: {Kind.DENSE: _without_local_aggregation(ps_dense), Kind.SPARSE: _without_local_aggregation(ps_sparse)},
 }
 

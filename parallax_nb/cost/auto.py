@@ -1,0 +1,119 @@
+"""AUTO: the plan with the least estimated step time, and why.
+
+For each setting of local aggregation it may use (both, unless the caller pins one) AUTO
+prices every variable under AR and under PS with the calls the runtime issues
+(:mod:`.timing`) and picks per variable. The step time is a sum over variables except for the
+one fused allreduce that every dense AR variable rides: its latency is paid once when any
+variable rides it. So the exact minimum is the better of two per-variable choices: each
+variable its faster method, paying the fused call's latency if any dense variable took AR;
+or dense variables kept off the fused call (PS), paying none. Then:
+
+* AUTO takes the faster local-aggregation setting (ties: on, Parallax's default);
+* it compares itself with the whole-model plans AR, PS and HYBRID at that setting and takes
+  one of them if its own estimate calls it faster (it cannot be, under this model, but the
+  check is what the promise rests on), saying so;
+* partitions are left to the partition rule (one per worker): the model spreads rows evenly
+  over the owners, so under it the partition count changes neither bytes nor calls, and
+  there is nothing to choose; the runtime's partition search measures it instead.
+
+Each decision comes with a line of explanation, e.g. ``"softmax/softmax_w: PS, 3.1 ms/step
+less than AR"``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..types import Architecture, ClusterSpec, Kind, Method, Profile
+from .estimate import pricing
+from .timing import fused_seconds_per_byte, step_communication
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """AUTO's methods (in profile order), the cluster with its local aggregation, the
+    estimated communication seconds per step and one explanation per decision."""
+
+    methods: tuple[Method, ...]
+    cluster: ClusterSpec
+    comm_time_s: float
+    explanations: tuple[str, ...]
+
+
+def duration(seconds: float) -> str:
+    """``"3.1 ms"`` or ``"42 µs"``: a difference of step times, readable."""
+    seconds = abs(seconds)
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def _variable_times(priced) -> tuple[list[float], list[float]]:
+    """Per variable, seconds per step under AR (fused bytes at the fused call's rate) and PS."""
+    per_byte = fused_seconds_per_byte(priced.calibration)
+    ar = [t.time_s + t.fused_bytes * per_byte for t in priced.times(Method.AR.value)]
+    ps = [t.time_s + t.fused_bytes * per_byte for t in priced.times(Method.PS.value)]
+    return ar, ps
+
+
+def _best_methods(priced) -> list[Method]:
+    ar, ps = _variable_times(priced)
+    free = [Method.PS if p < a else Method.AR for a, p in zip(ar, ps)]
+    off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
+    if off_fused == free:
+        return free
+    return min((free, off_fused), key=lambda methods: _comm(priced, methods))
+
+
+def _comm(priced, methods) -> float:
+    times = [priced.times(m.value)[i] for i, m in enumerate(methods)]
+    return step_communication(times, priced.calibration).comm_time_s
+
+
+def _explain_variables(priced, methods) -> list[str]:
+    ar, ps = _variable_times(priced)
+    lines = []
+    for cost, method, a, p in zip(priced.costs, methods, ar, ps):
+        other = Method.PS if method is Method.AR else Method.AR
+        gain = (p - a) if method is Method.AR else (a - p)
+        if gain > 0:
+            lines.append(f"{cost.name}: {method.value.upper()}, {duration(gain)}/step less than {other.value.upper()}")
+        elif gain == 0:
+            lines.append(f"{cost.name}: {method.value.upper()}, same time as {other.value.upper()}")
+        else:   # only a dense variable kept off the fused allreduce, whose latency it saves
+            lines.append(f"{cost.name}: {method.value.upper()}, {duration(-gain)}/step more than "
+                         f"{other.value.upper()} alone, but the step then needs no fused allreduce")
+    return lines
+
+
+def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
+                local_aggregation: bool | None = None) -> AutoChoice:
+    """AUTO's plan for ``profile`` on ``cluster`` (module docstring). ``local_aggregation``
+    None evaluates on and off and takes the faster; a bool pins it."""
+    settings = (True, False) if local_aggregation is None else (bool(local_aggregation),)
+    candidates = []
+    for on in settings:
+        spec = cluster if cluster.local_aggregation == on else cluster.replace(local_aggregation=on)
+        priced = pricing(profile, spec, calibration)
+        methods = _best_methods(priced)
+        candidates.append((_comm(priced, methods), on, priced, methods))
+    comm, on, priced, methods = min(candidates, key=lambda c: (c[0], not c[1]))
+    explanations = []
+    if len(candidates) == 2:
+        other = next(c for c in candidates if c[1] != on)
+        word = "on" if on else "off"
+        explanations.append(f"local aggregation {word}: {duration(other[0] - comm)}/step less than "
+                            f"{'off' if on else 'on'}" if other[0] > comm else
+                            f"local aggregation {word}: same time as {'off' if on else 'on'}")
+    else:
+        explanations.append(f"local aggregation {'on' if on else 'off'}, as asked")
+    explanations.extend(_explain_variables(priced, methods))
+    for architecture in (Architecture.AR, Architecture.PS, Architecture.HYBRID):
+        whole = [Method.AR if architecture is Architecture.AR else
+                 Method.PS if architecture is Architecture.PS or c.kind is Kind.SPARSE else Method.AR
+                 for c in priced.costs]
+        whole_comm = _comm(priced, whole)
+        if whole_comm < comm:
+            explanations.append(f"AUTO takes {architecture.value.upper()}'s plan: {duration(comm - whole_comm)}"
+                                f"/step less than its per-variable choice")
+            comm, methods = whole_comm, whole
+    return AutoChoice(tuple(methods), priced.cluster, comm, tuple(explanations))

@@ -1,0 +1,121 @@
+"""Step time from the collectives a step issues, each priced by a calibration.
+
+The method table (:data:`.methods.METHOD_COSTS`, kept equal to the runtime's exchanges by
+``tests/test_method_tables.py``) lists, per variable and method, the calls the runtime issues
+and the bytes one rank hands to them. A :class:`~parallax_nb.calibration.Calibration` of the
+cluster (measured by ``px.calibrate``, or :meth:`~parallax_nb.calibration.Calibration.defaults`
+from the ClusterSpec's bandwidth and latency, then labelled "uncalibrated") gives each op and
+scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per step::
+
+    comm_time_s = sum over the variables' calls (count * latency_s + handed_bytes * 8 / bandwidth_bps)
+                + [one fused allreduce: latency_s + sum of the dense AR handed bytes * 8 / bandwidth_bps]
+    step_time_s = compute_time_s + comm_time_s
+
+* ``compute_time_s``: the calibration's compute of this model measured on every rank at once
+  under the real placement (ranks sharing cores or devices), else the profile's
+  single-device step time.
+* **No overlap**: the calls are charged one after the other and after the compute. Horovod
+  runs a step's collectives from one background thread in the order the ranks agree on, and
+  parallax_nb's lookups feed the forward pass, so most calls cannot hide behind compute; a
+  runtime that overlaps more is faster than estimated.
+* The dense AR gradients of a step are one grouped allreduce (Horovod's tensor fusion): its
+  latency is paid once per step, its bytes are the sum of theirs.
+* One rank (``W = 1``) issues no collective: the step is compute only.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..calibration import Calibration
+from ..errors import ConfigError
+from ..types import ClusterSpec, MethodCost, Profile
+
+
+@functools.lru_cache(maxsize=64)
+def _defaults(machines: int, workers_per_machine: int, bandwidth_bps: float, latency_s: float) -> Calibration:
+    return Calibration.defaults(machines, workers_per_machine, bandwidth_bps, latency_s)
+
+
+def calibration_for(cluster: ClusterSpec, calibration: Calibration | None = None) -> Calibration:
+    """``calibration`` checked against ``cluster``'s shape (a ConfigError naming both shapes),
+    or the defaults of ``cluster`` when None."""
+    if calibration is None:
+        return _defaults(cluster.machines, cluster.workers_per_machine, cluster.bandwidth_bps, cluster.latency_s)
+    if not isinstance(calibration, Calibration):
+        raise ConfigError(f"calibration must be a parallax_nb Calibration, got {type(calibration).__name__}",
+                          hint="load one with px.Calibration.from_json(path), or leave it out for the defaults")
+    calibration.check_shape(cluster.machines, cluster.workers_per_machine)
+    return calibration
+
+
+def compute_time_s(profile: Profile, calibration: Calibration) -> float:
+    """Measured compute per step of ``profile``'s model under the real placement, else the
+    profile's single-device step time."""
+    measured = calibration.compute_for(profile.model_name) if calibration.measured else None
+    return profile.step_time_s if measured is None else measured
+
+
+@dataclass(frozen=True)
+class CallTime:
+    """One variable's calls under one charged cost: ``time_s`` of its own calls (``latency_s``
+    of it per-call latency), ``calls`` of them, and ``fused_bytes`` it adds to the step's one
+    fused allreduce (whose latency is charged once per step, not here)."""
+
+    time_s: float
+    latency_s: float
+    calls: int
+    fused_bytes: float
+
+
+NO_CALLS = CallTime(0.0, 0.0, 0, 0.0)
+
+
+def call_time(cost: MethodCost, calibration: Calibration, ranks: int) -> CallTime:
+    """Price the calls of one charged cost (module docstring)."""
+    if ranks == 1:
+        return NO_CALLS
+    time = latency = fused = 0.0
+    calls = 0
+    for c in cost.collectives:
+        if cost.fused_allreduce and c.op == "allreduce":
+            fused += c.handed_bytes
+            continue
+        fit = calibration.fit(c.op, c.participants)
+        time += c.time_s(fit)
+        latency += c.count * fit.latency_s
+        calls += c.count
+    return CallTime(time, latency, calls, fused)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A whole step's communication: seconds, the latency part of them, and calls."""
+
+    comm_time_s: float
+    latency_time_s: float
+    calls: int
+
+    @property
+    def transfer_time_s(self) -> float:
+        return self.comm_time_s - self.latency_time_s
+
+
+def step_communication(times: Sequence[CallTime], calibration: Calibration) -> StepTime:
+    """Sum the variables' calls and add the one fused allreduce when any variable rides it."""
+    time = sum(t.time_s for t in times)
+    latency = sum(t.latency_s for t in times)
+    calls = sum(t.calls for t in times)
+    fused = [t.fused_bytes for t in times if t.fused_bytes > 0]
+    if fused:
+        fit = calibration.fit("allreduce", "all")
+        time += fit.latency_s + sum(fused) * 8.0 / fit.bandwidth_bps
+        latency += fit.latency_s
+        calls += 1
+    return StepTime(time, latency, calls)
+
+
+def fused_seconds_per_byte(calibration: Calibration) -> float:
+    """Seconds one more byte handed to the fused allreduce adds (its latency is paid anyway)."""
+    return 8.0 / calibration.fit("allreduce", "all").bandwidth_bps
