@@ -25,7 +25,8 @@ USAGE = f"""%parallax SUBCOMMAND [options]: profile, plan, run and report from o
   %parallax profile JOB [--steps 20] [-o NAME]
       profile JOB on one device (per-variable kind, size, alpha) -> `profile`
   %parallax plan [PROFILE] [--machines {DEFAULT_MACHINES}] [--workers-per-machine 1]
-                 [--bandwidth {DEFAULT_BANDWIDTH}] [--latency {DEFAULT_LATENCY_US:g}] [--arch auto] [-o NAME]
+                 [--bandwidth {DEFAULT_BANDWIDTH}] [--latency {DEFAULT_LATENCY_US:g}] [--arch auto]
+                 [--calibration FILE] [-o NAME]
       plan PROFILE for a cluster (latency in microseconds) -> `planner` and `plan`
   %parallax run JOB [--engines 2] [--steps 100] [--plan PLAN] [--arch hybrid]
                 [--checkpoint-dir DIR] [--checkpoint-every K] [--resume] [-o NAME]
@@ -64,9 +65,14 @@ def _profile_args(line):
           help=f"network bandwidth per machine, e.g. 100Gbit/s or 1.25GB/s (default: {DEFAULT_BANDWIDTH})")
 @argument("--latency", type=float, default=DEFAULT_LATENCY_US, metavar="MICROSECONDS",
           help=f"time per message in microseconds (default: {DEFAULT_LATENCY_US:g})")
-@argument("--no-local-aggregation", dest="local_aggregation", action="store_false",
-          help="do not combine a machine's gradients before they cross the network (default: combine)")
-@argument("--arch", default="auto", help="ar | ps | hybrid | auto (default: auto, the cheaper method per variable)")
+@argument("--no-local-aggregation", dest="local_aggregation", action="store_const", const=False, default="auto",
+          help="do not combine a machine's gradients before they cross the network (default: AUTO chooses, "
+               "other architectures combine)")
+@argument("--arch", default="auto",
+          help="ar | ps | hybrid | auto (default: auto, the least estimated step time per variable)")
+@argument("--calibration", default=None, metavar="FILE",
+          help="a calibration .json of this cluster, or a Calibration in the notebook (default: the documented "
+               "defaults; estimates marked uncalibrated)")
 @_output_option("planner")
 def _plan_args(line):
     """Plan PROFILE for a cluster; stores the Planner (-o) and its Plan as `plan`."""
@@ -251,14 +257,25 @@ class ParallaxMagics(Magics):
         from .types import parse_bandwidth
 
         parse_bandwidth(args.bandwidth)   # a clear one-line error before the planner starts
+        calibration = self._calibration(args.calibration) if args.calibration else None
         planner = make_planner(prof, architecture=args.arch, machines=args.machines,
                                workers_per_machine=args.workers_per_machine, bandwidth=args.bandwidth,
-                               latency_s=args.latency / 1e6, local_aggregation=args.local_aggregation)
+                               latency_s=args.latency / 1e6, local_aggregation=args.local_aggregation,
+                               calibration=calibration)
         self.store(args.output, planner)
         if args.output != "plan":
             self.store("plan", planner.plan)
         self.last["profile"], self.last["plan"] = prof, planner
         self._display(planner)
+
+    def _calibration(self, expression: str):
+        """A Calibration in the notebook named ``expression``, else the calibration file at that path."""
+        from .calibration import Calibration
+
+        value = self.shell.user_ns.get(expression) if expression.isidentifier() else None
+        if isinstance(value, Calibration):
+            return value
+        return Calibration.from_json(expression)
 
     def _run_plan(self, args, job):
         """The plan to run: --plan, else planned for the run's engines from the last profile."""

@@ -87,9 +87,11 @@ class VariablePlan:
         object.__setattr__(self, "partitions", check_partitions(self.name, self.partitions))
         _optional_number(self.name, "alpha", self.alpha, upper=1.0)
         _optional_number(self.name, "size_bytes", self.size_bytes)
-        costs = {method_key(k): v for k, v in dict(self.costs or {}).items() if v is not None}
+        costs = {(k if type(k) is str and k.islower() else method_key(k)): v
+                 for k, v in dict(self.costs or {}).items() if v is not None}
         for key, value in costs.items():
-            _optional_number(self.name, f"{key}_bytes_per_step", value)
+            if not (type(value) in (int, float) and 0 <= value < math.inf):   # checked fast: thousands per replan
+                _optional_number(self.name, f"{key}_bytes_per_step", value)
         object.__setattr__(self, "costs", costs)
 
     def bytes_for(self, method: "Method | str") -> float | None:
@@ -397,7 +399,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
     explanations: tuple[str, ...] = ()
     if architecture is Architecture.AUTO:
         from .cost.auto import choose_auto
-        from .cost.estimate import pricing
+        from .cost.pricing import pricing
 
         choice = choose_auto(profile, cluster, calibration, local_aggregation)
         cluster, methods, explanations = choice.cluster, choice.methods, choice.explanations

@@ -4,14 +4,20 @@ this object, and tests drive it by setting values and reading state.
 
 Every change recomputes, in this order (all pure Python, milliseconds):
 
-1. ``ClusterSpec.create(machines, workers_per_machine, bandwidth, latency_s, local_aggregation)``
-2. ``plan = make_plan(profile, cluster, architecture, partitions)``, then the per-variable
-   method overrides (``plan.with_methods``)
-3. ``estimate(profile, plan)`` for the plan, and ``compare_architectures(profile, cluster)`` for
-   the whole-model baselines AR, PS, HYBRID and AUTO.
+1. ``ClusterSpec.create(machines, workers_per_machine, bandwidth, latency_s, local_aggregation)``;
+   a ``calibration`` given to the planner must be of this cluster's shape (else the
+   ConfigError of :meth:`~parallax_nb.calibration.Calibration.check_shape`, naming both shapes)
+2. ``plan = make_plan(profile, cluster, architecture, partitions, calibration=...)``, then the
+   per-variable method overrides (``plan.with_methods``). ``local_aggregation="auto"`` (the
+   default without a ClusterSpec) lets AUTO choose it; other architectures then run with it on
+3. ``estimate(profile, plan)`` for the plan, and ``compare_architectures(profile, plan.cluster)``
+   for the whole-model options AR, PS, HYBRID and AUTO and the baselines a user would
+   otherwise run (sparse-as-dense, plain Horovod, TF-PS), all priced by the calibration
+   (its defaults, "uncalibrated", without one).
 
 Speedups compare estimated step times: ``speedup_vs_ar = t_step(AR) / t_step(plan)`` (> 1 means
-the plan is faster than allreducing everything), likewise ``speedup_vs_ps``.
+the plan is faster than allreducing everything), likewise ``speedup_vs_ps``. AUTO is never
+estimated slower than AR, PS or HYBRID (:mod:`parallax_nb.cost.auto`).
 
 Bad input (0 machines, a bandwidth of ``"fast"``) does not raise from a change: the planner
 keeps the last valid plan and estimates, and records the problem in :attr:`Planner.error`, which
@@ -25,11 +31,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError, ParallaxError, PlanError
-from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
+from .types import BASELINE_KEYS, Architecture, ClusterSpec, Method, Profile, format_bandwidth, format_bytes
 
 Observer = Callable[["Planner"], None]
 
 CLUSTER_FIELDS = ("machines", "workers_per_machine", "bandwidth", "latency_s", "local_aggregation")
+AUTO_LOCAL_AGGREGATION = "auto"   # the local-aggregation input that lets AUTO choose
 SETTABLE = CLUSTER_FIELDS + ("architecture",)
 
 
@@ -37,14 +44,15 @@ SETTABLE = CLUSTER_FIELDS + ("architecture",)
 class PlannerInputs:
     """What the user asked for, valid or not. ``bandwidth`` is kept as given (text such as
     ``"10Gbit/s"``, shown back unchanged by a view, or bits per second as a number, exact when it
-    comes from a ClusterSpec); ``partitions`` and ``methods`` are the
-    per-variable overrides (variable name -> partition count / method)."""
+    comes from a ClusterSpec); ``local_aggregation`` is True, False or ``"auto"`` (AUTO chooses);
+    ``partitions`` and ``methods`` are the per-variable overrides (variable name -> partition
+    count / method)."""
 
     machines: Any = 1
     workers_per_machine: Any = 1
     bandwidth: Any = "10Gbit/s"
     latency_s: Any = 25e-6
-    local_aggregation: Any = True
+    local_aggregation: Any = AUTO_LOCAL_AGGREGATION
     architecture: Any = Architecture.AUTO
     partitions: Mapping[str, Any] = field(default_factory=dict)
     methods: Mapping[str, Any] = field(default_factory=dict)
@@ -59,7 +67,7 @@ class PlannerResult:
     architecture: Architecture
     plan: Any            # parallax_nb.plan.Plan
     estimate: Any        # parallax_nb.cost.Estimate of ``plan``
-    estimates: dict      # Architecture (and SPARSE_AS_DENSE) -> Estimate, the whole-model baselines
+    estimates: dict      # Architecture and baseline key -> Estimate, on the plan's cluster
 
 
 def _as_int(name: str, value: Any) -> int:
@@ -75,11 +83,14 @@ def _as_int(name: str, value: Any) -> int:
     raise ConfigError(f"{name} must be a whole number, got {value!r}", hint=f"type {name} like 8")
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    """True/False (or 1/0); a string such as ``"false"`` would be truthy, so it is an error."""
+def _as_local_aggregation(value: Any) -> bool | None:
+    """True/False, or None for ``"auto"`` (AUTO chooses)."""
+    if isinstance(value, str) and value.strip().lower() == AUTO_LOCAL_AGGREGATION:
+        return None
     if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
-    raise ConfigError(f"{name} must be True or False, got {value!r}")
+    raise ConfigError(f"local_aggregation must be True, False or 'auto', got {value!r}",
+                      hint="'auto' lets AUTO choose whichever its estimate calls faster")
 
 
 def _as_bandwidth_text(value: Any) -> Any:
@@ -96,18 +107,21 @@ def _as_latency_s(value: Any) -> float:
     return float(value)
 
 
-def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
+def _build(profile: Profile, inputs: PlannerInputs, calibration=None) -> PlannerResult:
     """Compute everything from ``inputs``; raises a ParallaxError naming the first bad input."""
     from .cost import compare_architectures, estimate
+    from .cost.timing import calibration_for
     from .plan import make_plan
 
+    local_aggregation = _as_local_aggregation(inputs.local_aggregation)
     cluster = ClusterSpec.create(
         machines=_as_int("machines", inputs.machines),
         workers_per_machine=_as_int("workers per machine", inputs.workers_per_machine),
         bandwidth=_as_bandwidth_text(inputs.bandwidth),
         latency_s=_as_latency_s(inputs.latency_s),
-        local_aggregation=_as_bool("local_aggregation", inputs.local_aggregation),
+        local_aggregation=True if local_aggregation is None else local_aggregation,
     )
+    calibration_for(cluster, calibration)   # another shape: the error names both
     architecture = Architecture.parse(inputs.architecture)
     known = set(profile.names)
     for kind, overrides in (("partition", inputs.partitions), ("method", inputs.methods)):
@@ -128,30 +142,36 @@ def _build(profile: Profile, inputs: PlannerInputs) -> PlannerResult:
             methods[name] = m if isinstance(m, Method) else Method(str(m).strip().lower())
         except ValueError:
             raise PlanError(f"unknown method {m!r} for {name}", hint=f"choose one of {Method.choices()}") from None
-    plan = make_plan(profile, cluster, architecture, partitions=partitions or None)
+    plan = make_plan(profile, cluster, architecture, partitions=partitions or None,
+                     local_aggregation=local_aggregation, calibration=calibration)
     if methods:   # partitions again: a variable switched to PS keeps the partitions asked for
         plan = plan.with_methods(methods, partitions={n: p for n, p in partitions.items() if n in methods})
-    return PlannerResult(inputs=inputs, cluster=cluster, architecture=architecture, plan=plan,
-                         estimate=estimate(profile, plan), estimates=dict(compare_architectures(profile, cluster)))
+    estimates = compare_architectures(profile, plan.cluster, include_horovod=True, calibration=calibration)
+    return PlannerResult(inputs=inputs, cluster=plan.cluster, architecture=architecture, plan=plan,
+                         estimate=estimate(profile, plan, calibration=calibration), estimates=dict(estimates))
 
 
 class Planner:
     """Interactive planning for one profile: change any input, read the recomputed plan and costs.
 
     Inputs (read and write): ``machines``, ``workers_per_machine``, ``bandwidth`` (text with
-    units, e.g. ``"100Gbit/s"``), ``latency_s``, ``local_aggregation``, ``architecture``
+    units, e.g. ``"100Gbit/s"``), ``latency_s``, ``local_aggregation`` (True, False or
+    ``"auto"``: AUTO chooses; the default unless a ClusterSpec says), ``architecture``
     (``"ar" | "ps" | "hybrid" | "auto"``), plus per-variable overrides through
     :meth:`set_partitions` and :meth:`set_method`. ``set(**changes)`` applies several at once
     and recomputes once.
 
     Results (read only, always from the last valid inputs): ``plan``, ``estimate`` (of the
-    plan), ``estimates`` (per whole-model architecture), ``table``, ``comm_time_s``,
-    ``step_time_s``, ``speedup_vs_ar``, ``speedup_vs_ps``, ``cluster``. ``error`` is the
-    problem with the latest inputs (None when they are valid).
+    plan), ``estimates`` (per whole-model architecture and baseline), ``table``, ``comm_time_s``,
+    ``step_time_s``, ``speedup_vs_ar``, ``speedup_vs_ps``, ``cluster`` (with the local
+    aggregation the plan runs with), ``explanations`` (AUTO's reasons). ``calibration`` (fixed
+    for the planner's life) prices every estimate; a change to another cluster shape is an
+    :attr:`error` naming both shapes. ``error`` is the problem with the latest inputs (None
+    when they are valid).
     """
 
     def __init__(self, profile: Profile, cluster: ClusterSpec | None = None,
-                 architecture: "str | Architecture" = "auto", **cluster_kwargs):
+                 architecture: "str | Architecture" = "auto", calibration=None, **cluster_kwargs):
         if not isinstance(profile, Profile):
             raise ConfigError(f"plan() needs a parallax_nb Profile, got {type(profile).__name__}",
                               hint="profile first: prof = px.profile(job, steps=20); px.plan(prof, ...)")
@@ -165,13 +185,20 @@ class Planner:
                               hint='build one with px.ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
         values = dict(machines=base.machines, workers_per_machine=base.workers_per_machine,
                       bandwidth=base.bandwidth_bps, latency_s=base.latency_s,
-                      local_aggregation=base.local_aggregation, architecture=architecture)
+                      local_aggregation=base.local_aggregation if cluster is not None else AUTO_LOCAL_AGGREGATION,
+                      architecture=architecture)
         values.update(cluster_kwargs)
+        if calibration is not None:
+            from .calibration import Calibration
+            if not isinstance(calibration, Calibration):
+                raise ConfigError(f"calibration must be a parallax_nb Calibration, got {type(calibration).__name__}",
+                                  hint="load one with px.Calibration.from_json(path), or leave it out")
         self.profile = profile
+        self.calibration = calibration
         self._observers: list[Observer] = []
         self._inputs = PlannerInputs(**{**values, "partitions": dict(values.get("partitions") or {}),
                                         "methods": dict(values.get("methods") or {})})
-        self._result = _build(profile, self._inputs)   # invalid initial inputs raise here
+        self._result = _build(profile, self._inputs, calibration)   # invalid initial inputs raise here
         self.error: ParallaxError | None = None
 
     # ----------------------------------------------------------------- changing inputs
@@ -207,7 +234,7 @@ class Planner:
     def _apply(self, inputs: PlannerInputs) -> "Planner":
         self._inputs = inputs
         try:
-            self._result = _build(self.profile, inputs)
+            self._result = _build(self.profile, inputs, self.calibration)
             self.error = None
         except ParallaxError as e:
             self.error = e
@@ -288,6 +315,16 @@ class Planner:
         return dict(self._result.estimates)
 
     @property
+    def explanations(self) -> tuple[str, ...]:
+        """Why AUTO chose what it chose (local aggregation, then each variable); empty otherwise."""
+        return tuple(self.plan.explanations)
+
+    @property
+    def calibration_label(self) -> str:
+        """Which figures priced the estimates: "uncalibrated (defaults)" or "calibrated on ..."."""
+        return self.estimate.calibration
+
+    @property
     def comm_time_s(self) -> float:
         return self.estimate.comm_time_s
 
@@ -301,7 +338,7 @@ class Planner:
 
     def speedup_vs(self, architecture: "str | Architecture") -> float:
         """``t_step(architecture) / t_step(plan)``: how much faster the plan is than that baseline."""
-        key = architecture if architecture == SPARSE_AS_DENSE else Architecture.parse(architecture)
+        key = architecture if architecture in BASELINE_KEYS else Architecture.parse(architecture)
         baseline = self._result.estimates[key]
         return baseline.step_time_s / self.step_time_s if self.step_time_s > 0 else float("inf")
 
@@ -342,8 +379,11 @@ class Planner:
             f"Planner for {self.profile.model_name} on {r.cluster} -- architecture {r.architecture.value}",
             f"  estimated communication {self.comm_time_s * 1e3:.2f} ms/step, step {self.step_time_s * 1e3:.2f} ms, "
             f"{format_bytes(self.bytes_per_machine_per_step)} per machine per step",
-            f"  speedup vs all-AR {self.speedup_vs_ar:.2f}x, vs all-PS {self.speedup_vs_ps:.2f}x",
+            f"  speedup vs all-AR {self.speedup_vs_ar:.2f}x, vs all-PS {self.speedup_vs_ps:.2f}x "
+            f"({self.calibration_label})",
         ]
+        if self.explanations:
+            lines.append("  why: " + "; ".join(self.explanations))
         if self.error is not None:
             lines.append(f"  ERROR in latest inputs (showing the last valid plan): {self.error}")
         return "\n".join(lines)
@@ -353,14 +393,16 @@ class Planner:
 
 
 def plan(profile: Profile, cluster: ClusterSpec | None = None, architecture: "str | Architecture" = "auto",
-         **cluster_kwargs) -> Planner:
+         calibration=None, **cluster_kwargs) -> Planner:
     """Plan ``profile`` for a cluster; returns a :class:`Planner` that shows itself as a widget.
 
     ``px.plan(prof, machines=8, workers_per_machine=6, bandwidth="100Gbit/s")`` or
     ``px.plan(prof, px.ClusterSpec.create(8, 6, "100Gbit/s"), architecture="hybrid")``; keyword
-    arguments override the fields of ``cluster``. ``planner.plan`` is the Plan to run.
+    arguments override the fields of ``cluster``. ``calibration`` (``px.calibrate(...)`` or
+    ``Calibration.from_json(path)``, of this cluster's shape) prices the estimates; without one
+    the defaults do and the estimates say "uncalibrated". ``planner.plan`` is the Plan to run.
     """
-    return Planner(profile, cluster, architecture, **cluster_kwargs)
+    return Planner(profile, cluster, architecture, calibration=calibration, **cluster_kwargs)
 
 
 def describe_inputs(inputs: PlannerInputs) -> str:

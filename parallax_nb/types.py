@@ -440,7 +440,10 @@ class VariableCost:
         return best
 
     def cost_of(self, method: "Method | str") -> MethodCost:
-        return self.methods[method_key(method)]
+        try:
+            return self.methods[method]   # a Method is a str enum: it finds its value's entry
+        except KeyError:
+            return self.methods[method_key(method)]
 
     def bytes_for(self, method: "Method | str") -> float:
         return self.cost_of(method).bytes_per_step

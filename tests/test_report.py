@@ -98,7 +98,7 @@ def test_variables_table_has_one_row_per_variable_with_the_cost_models_bytes(lm_
     rows = Tables(lm_report.html()).tables["variables"]
     header, body, foot = rows[0], rows[1:-1], rows[-1]
     assert header[:4] == ["variable", "kind", "shape", "size"]
-    costs = {c.name: c for c in cost.variable_costs(lm_profile, CLUSTER)}
+    costs = {c.name: c for c in cost.variable_costs(lm_profile, lm_plan.cluster)}   # AUTO chose local aggregation
     assert [r[0] for r in body] == lm_profile.names
     col = {name: i for i, name in enumerate(header)}
     for row in body:
@@ -116,9 +116,9 @@ def test_variables_table_has_one_row_per_variable_with_the_cost_models_bytes(lm_
 def test_totals_per_architecture_are_the_cost_models(lm_profile, lm_plan, lm_report):
     rows = Tables(lm_report.html()).tables["architectures"]
     by_label = {r[0]: r for r in rows[1:]}
-    expected = cost.compare_architectures(lm_profile, CLUSTER, include_horovod=True)
+    expected = cost.compare_architectures(lm_profile, lm_plan.cluster, include_horovod=True)
     labels = {"ar": "AR", "ps": "PS", "hybrid": "HYBRID", "auto": "AUTO", cost.SPARSE_AS_DENSE: "sparse-as-dense AR",
-              cost.PLAIN_HOROVOD: "plain Horovod (defaults)"}
+              cost.PLAIN_HOROVOD: "plain Horovod (defaults)", cost.TF_PS: "TF parameter servers"}
     assert set(by_label) == set(labels.values())
     for key, est in expected.items():
         row = by_label[labels[getattr(key, "value", key)]]
@@ -135,10 +135,10 @@ def test_an_edited_plan_gets_its_own_totals_row(lm_profile, lm_plan):
     rows = Tables(report(lm_profile, edited).html()).tables["architectures"]
     assert rows[1][0] == "this plan (AUTO, edited)"
     assert rows[1][1] == format_bytes(cost.estimate(lm_profile, edited).bytes_per_machine_per_step)
-    assert len(rows) == 1 + 1 + 6
+    assert len(rows) == 1 + 1 + 7
 
 
-def test_charts_are_embedded_svg_images_and_nothing_is_fetched(lm_report, lm_profile):
+def test_charts_are_embedded_svg_images_and_nothing_is_fetched(lm_report, lm_profile, lm_plan):
     page = lm_report.html()
     sources = re.findall(r'<img src="([^"]+)"', page)
     assert len(sources) == 2
@@ -150,7 +150,7 @@ def test_charts_are_embedded_svg_images_and_nothing_is_fetched(lm_report, lm_pro
     assert curve["machines"] == list(range(1, 65))
     assert set(curve["step_time_s"]) == {"ar", "ps", "hybrid", "auto", "sparse_as_dense", "horovod"}
     assert curve["step_time_s"]["hybrid"][7] == pytest.approx(
-        cost.step_time_curve(lm_profile, CLUSTER, "hybrid", machines=[8])[0][1])
+        cost.step_time_curve(lm_profile, lm_plan.cluster, "hybrid", machines=[8])[0][1])
     without_images = re.sub(r'src="data:[^"]*"', "", page)
     assert "http://" not in without_images and "https://" not in without_images
     assert "<script" not in page.lower()
@@ -176,7 +176,7 @@ def test_csv_has_one_row_per_variable(saved, lm_profile, lm_plan):
     with open(saved.csv, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [r["name"] for r in rows] == lm_profile.names
-    costs = {c.name: c for c in cost.variable_costs(lm_profile, CLUSTER)}
+    costs = {c.name: c for c in cost.variable_costs(lm_profile, lm_plan.cluster)}
     for r in rows:
         assert r["method"] == lm_plan.method(r["name"]).value
         assert float(r["ps_bytes_per_step"]) == costs[r["name"]].bytes_for("ps")

@@ -1,5 +1,7 @@
-"""``python -m parallax_nb plan profile.json --machines N ...``: plan from a profile, print the
-per-variable table and the estimated totals per architecture, write plan.json atomically."""
+"""``python -m parallax_nb plan profile.json --machines N ... [--calibration calibration.json]``:
+plan from a profile, print the per-variable table, AUTO's reasons and the estimated totals per
+architecture and baseline (priced by the calibration, or the defaults: "uncalibrated"), write
+plan.json atomically. A calibration of another cluster shape is refused, naming both shapes."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", default="10Gbit/s", help='link bandwidth with units, e.g. "10Gbit/s"')
     parser.add_argument("--latency-us", type=float, default=25.0, help="latency per message round, microseconds")
     parser.add_argument("--no-local-aggregation", action="store_true",
-                        help="every worker communicates on its own (no combining inside a machine)")
+                        help="every worker communicates on its own (no combining inside a machine); without "
+                             "it AUTO chooses, other architectures combine")
+    parser.add_argument("--calibration", default=None, metavar="FILE",
+                        help="calibration.json of this cluster (python -m parallax_nb calibrate); "
+                             "default: documented defaults, estimates marked uncalibrated")
     parser.add_argument("--arch", default="auto", help="auto | hybrid | ps | ar (default auto)")
     parser.add_argument("--partitions", type=int, default=None,
                         help="partitions of every PS variable (default: one per worker)")
@@ -29,23 +35,28 @@ def totals_table(estimates: dict, own=None) -> str:
     if own is not None:
         rows.append((f"this plan ({own.architecture})", own))
     width = max(len(name) for name, _ in rows)
-    lines = [f"  {'architecture':<{width}}  {'bytes/machine/step':>18}  {'messages':>8}  {'comm ms':>9}  "
+    lines = [f"  {'architecture':<{width}}  {'bytes/machine/step':>18}  {'calls':>6}  {'comm ms':>9}  "
              f"{'step ms':>9}  {'examples/s':>11}  {'vs AR':>6}  {'vs PS':>6}"]
     for name, e in rows:
-        lines.append(f"  {name:<{width}}  {format_bytes(e.bytes_per_machine_per_step):>18}  {e.messages_per_step:>8}  "
+        lines.append(f"  {name:<{width}}  {format_bytes(e.bytes_per_machine_per_step):>18}  "
+                     f"{e.collective_calls_per_step:>6}  "
                      f"{e.comm_time_s * 1e3:>9.3f}  {e.step_time_s * 1e3:>9.3f}  {e.examples_per_s:>11.1f}  "
                      f"{e.speedup_vs_ar:>5.2f}x  {e.speedup_vs_ps:>5.2f}x")
     return "\n".join(lines)
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..calibration import Calibration
     from ..cost import compare_architectures, estimate
+    from ..cost.timing import calibration_for
     from ..plan import make_plan
     from ..types import ClusterSpec, Profile
 
     cluster = ClusterSpec.create(machines=args.machines, workers_per_machine=args.workers_per_machine,
                                  bandwidth=args.bandwidth, latency_s=args.latency_us * 1e-6,
                                  local_aggregation=not args.no_local_aggregation)
+    calibration = Calibration.from_json(args.calibration) if args.calibration else None
+    calibration_for(cluster, calibration)   # another shape: refused before anything is written
     try:
         profile = Profile.from_json(args.profile)
     except ParallaxError:
@@ -53,11 +64,15 @@ def main(args: argparse.Namespace) -> int:
     except (TypeError, ValueError, AttributeError) as e:  # a JSON file whose entries have the wrong shape
         raise ProfileError(f"cannot read profile {args.profile}: {type(e).__name__}: {e}",
                            hint="regenerate it with `python -m parallax_nb profile`") from None
-    plan = make_plan(profile, cluster, args.arch, partitions=args.partitions)
+    plan = make_plan(profile, cluster, args.arch, partitions=args.partitions,
+                     local_aggregation=False if args.no_local_aggregation else None, calibration=calibration)
+    own = estimate(profile, plan, calibration=calibration)
     print(plan.summary())
     print()
-    print(f"Estimated totals on {cluster} (compute {profile.step_time_s * 1e3:.3f} ms/step, no overlap):")
-    print(totals_table(compare_architectures(profile, cluster), estimate(profile, plan)))
+    print(f"Estimated totals on {plan.cluster} (compute {own.compute_time_s * 1e3:.3f} ms/step, no overlap; "
+          f"{own.calibration}):")
+    print(totals_table(compare_architectures(profile, plan.cluster, include_horovod=True, calibration=calibration),
+                       own))
     if args.output:
         plan.to_json(args.output)
         print(f"\nwrote {args.output}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile
-from .estimate import pricing
+from .pricing import pricing
 from .timing import fused_seconds_per_byte, step_communication
 
 
@@ -65,7 +65,8 @@ def _best_methods(priced) -> list[Method]:
 
 
 def _comm(priced, methods) -> float:
-    times = [priced.times(m.value)[i] for i, m in enumerate(methods)]
+    ar, ps = priced.times(Method.AR.value), priced.times(Method.PS.value)
+    times = [a if m is Method.AR else p for a, p, m in zip(ar, ps, methods)]
     return step_communication(times, priced.calibration).comm_time_s
 
 
@@ -89,7 +90,12 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
                 local_aggregation: bool | None = None) -> AutoChoice:
     """AUTO's plan for ``profile`` on ``cluster`` (module docstring). ``local_aggregation``
     None evaluates on and off and takes the faster; a bool pins it."""
-    settings = (True, False) if local_aggregation is None else (bool(local_aggregation),)
+    if local_aggregation is not None:
+        settings = (bool(local_aggregation),)
+    elif cluster.workers_per_machine == 1:   # one rank per machine: the runtime runs the flat collectives either way
+        settings = (cluster.local_aggregation,)
+    else:
+        settings = (True, False)
     candidates = []
     for on in settings:
         spec = cluster if cluster.local_aggregation == on else cluster.replace(local_aggregation=on)
@@ -104,13 +110,17 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
         explanations.append(f"local aggregation {word}: {duration(other[0] - comm)}/step less than "
                             f"{'off' if on else 'on'}" if other[0] > comm else
                             f"local aggregation {word}: same time as {'off' if on else 'on'}")
-    else:
+    elif local_aggregation is not None:
         explanations.append(f"local aggregation {'on' if on else 'off'}, as asked")
+    else:
+        explanations.append(f"local aggregation {'on' if on else 'off'}: one rank per machine, nothing to combine")
     explanations.extend(_explain_variables(priced, methods))
     for architecture in (Architecture.AR, Architecture.PS, Architecture.HYBRID):
         whole = [Method.AR if architecture is Architecture.AR else
                  Method.PS if architecture is Architecture.PS or c.kind is Kind.SPARSE else Method.AR
                  for c in priced.costs]
+        if whole == list(methods):
+            continue
         whole_comm = _comm(priced, whole)
         if whole_comm < comm:
             explanations.append(f"AUTO takes {architecture.value.upper()}'s plan: {duration(comm - whole_comm)}"

@@ -38,8 +38,11 @@ def _shape(var: VariableProfile, cluster: ClusterSpec) -> tuple[int, float, floa
     """``(n, scale, alpha)``: participants, the share of one participant's volume that crosses
     this machine's link times the participants on it (0 on one machine), and the fraction of
     rows a participant sends (the union of G workers with local aggregation)."""
-    n, g = participants(cluster)
-    alpha = var.alpha_for_workers(cluster.workers_per_machine if cluster.local_aggregation else 1)
+    if cluster.local_aggregation:
+        n, g, union_of = cluster.machines, 1, cluster.workers_per_machine
+    else:
+        n, g, union_of = cluster.machines * cluster.workers_per_machine, cluster.workers_per_machine, 1
+    alpha = 1.0 if var.kind is Kind.DENSE else var.alpha_for_workers(union_of)
     return n, g * remote_share(n, g), alpha
 
 
@@ -195,11 +198,89 @@ BASELINES: Mapping[str, Mapping[Kind, CostFunction]] = {
 }
 
 
+# per kind, (key, cost function) for every method and baseline, in the order of Method then BASELINES
+_ENTRIES = {kind: [(method.value, METHOD_COSTS[(method, kind)]) for method in Method]
+            + [(key, by_kind[kind]) for key, by_kind in BASELINES.items()] for kind in Kind}
+# a baseline that is a method's entry on the same cluster: (baseline key, method key, the cluster's
+# local aggregation for which they coincide); dense only (see the baselines' definitions)
+_SAME_AS = ((SPARSE_AS_DENSE, Method.AR.value, True), (PLAIN_HOROVOD, Method.AR.value, True),
+            (TF_PS, Method.PS.value, False), (PLAIN_HOROVOD, SPARSE_AS_DENSE, False))
+
+
+class CostTable(dict):
+    """``key -> MethodCost`` of one variable on one cluster: the methods' entries made at once,
+    each baseline's on first use (a planner's search over methods needs no baseline). Every
+    way of reading the whole table (iteration, ``items()``, ``len``, ``==``) fills it first, so
+    it reads as the complete dict it stands for."""
+
+    def __init__(self, var: VariableProfile, cluster: ClusterSpec):
+        dense = var.kind is Kind.DENSE
+        self._var, self._cluster = var, cluster
+        self._reuse = {key: method for key, method, aggregated in _SAME_AS
+                       if dense and cluster.local_aggregation == aggregated}
+        self._pending = dict(_ENTRIES[var.kind][len(Method):])
+        super().__init__((key, cost(var, cluster)) for key, cost in _ENTRIES[var.kind][:len(Method)])
+
+    def __missing__(self, key):
+        cost = self._pending.pop(key, None)
+        if cost is None:
+            raise KeyError(key)
+        value = self[self._reuse[key]] if key in self._reuse else cost(self._var, self._cluster)
+        dict.__setitem__(self, key, value)
+        return value
+
+    def fill(self) -> "CostTable":
+        for key in list(self._pending):
+            self[key]
+        return self
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key):
+        return dict.__contains__(self, key) or key in self._pending
+
+    def __iter__(self):
+        return dict.__iter__(self.fill())
+
+    def __len__(self):
+        return dict.__len__(self.fill())
+
+    def keys(self):
+        return dict.keys(self.fill())
+
+    def values(self):
+        return dict.values(self.fill())
+
+    def items(self):
+        return dict.items(self.fill())
+
+    def __eq__(self, other):
+        if isinstance(other, CostTable):
+            other.fill()
+        return dict.__eq__(self.fill(), other)
+
+    def __ne__(self, other):
+        return not self == other
+
+    __hash__ = None
+
+    def __repr__(self):
+        return dict.__repr__(self.fill())
+
+    def __reduce__(self):
+        return dict, (dict(self.fill()),)
+
+
 def method_costs(var: VariableProfile, cluster: ClusterSpec) -> dict[str, MethodCost]:
-    """Every method's and every baseline's cost of ``var``, keyed by ``Method.value`` or baseline key."""
-    costs = {method.value: METHOD_COSTS[(method, var.kind)](var, cluster) for method in Method}
-    costs.update({key: by_kind[var.kind](var, cluster) for key, by_kind in BASELINES.items()})
-    return costs
+    """Every method's and every baseline's cost of ``var``, keyed by ``Method.value`` or baseline key
+    (a :class:`CostTable`: baselines made on first use). A dense variable's baseline that
+    coincides with a method's entry on this cluster (e.g. plain Horovod's allreduce and AR with
+    local aggregation on) shares that entry's value."""
+    return CostTable(var, cluster)
 
 
 def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:

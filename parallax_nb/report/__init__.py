@@ -38,14 +38,17 @@ class ReportFiles(NamedTuple):
     json: str
 
 
-def report(profile, plan, run=None, *, title: str | None = None, notes: str | None = None) -> "Report":
+def report(profile, plan, run=None, *, title: str | None = None, notes: str | None = None,
+           calibration=None) -> "Report":
     """Build the cost report of ``plan`` for ``profile``, compared with ``run`` when given.
 
     ``run`` may be None, a run summary dict (schema ``parallax_nb.run`` v1), the output
     directory of a run (holding run.json), or an object with ``.summary()``. ``title`` and
-    ``notes`` are free text shown (escaped) at the top of the page.
+    ``notes`` are free text shown (escaped) at the top of the page. ``calibration`` (a
+    :class:`~parallax_nb.calibration.Calibration` of the plan's cluster shape; another shape is
+    refused naming both) prices the step times; without one the defaults do ("uncalibrated").
     """
-    return Report(build_report_data(profile, plan, run, title=title, notes=notes))
+    return Report(build_report_data(profile, plan, run, title=title, notes=notes, calibration=calibration))
 
 
 class Report:

@@ -170,7 +170,7 @@ def _typed_fields(d: dict, spec: dict, where: str) -> dict:
 # ---------------------------------------------------------------- the report data
 
 def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | None = None,
-                      notes: str | None = None) -> dict:
+                      notes: str | None = None, calibration=None) -> dict:
     """Everything the report shows, as plain JSON-ready data (schema ``parallax_nb.report`` v1).
 
     Bytes and times come from :func:`parallax_nb.cost.estimate` on the plan's cluster (not the
@@ -191,8 +191,9 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
                         hint="make the plan with make_plan(profile, ClusterSpec...) or `python -m parallax_nb plan`")
     run_summary = load_run(run)
     cluster = planned_cluster(plan)
-    plan_estimate = cost.estimate(profile, plan, cluster)  # also checks the plan names the profile's variables
-    by_arch = {_key(k): v for k, v in cost.compare_architectures(profile, cluster, include_horovod=True).items()}
+    plan_estimate = cost.estimate(profile, plan, cluster, calibration=calibration)  # also checks the variables
+    by_arch = {_key(k): v for k, v in cost.compare_architectures(profile, cluster, include_horovod=True,
+                                                                 calibration=calibration).items()}
     costs = {c.name: c for c in plan_estimate.variables}
 
     data = {
@@ -205,7 +206,8 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
         "profile": _profile_data(profile),
         "cluster": _cluster_data(cluster),
         "plan": {"architecture": plan.architecture.value, "overrides": list(plan.overrides),
-                 **_estimate_data(plan_estimate)},
+                 "explanations": list(plan.explanations), **_estimate_data(plan_estimate)},
+        "calibration": plan_estimate.calibration,
         "assumptions": list(cost_assumptions()) + list(REPORT_ASSUMPTIONS),
         "variables": [_variable_data(var, plan[var.name], costs[var.name]) for var in profile.variables],
         "architectures": [
@@ -216,7 +218,7 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
         "measured": None,
     }
     if run_summary is not None:
-        data["measured"] = measured_against_predicted(profile, plan, run_summary)
+        data["measured"] = measured_against_predicted(profile, plan, run_summary, calibration)
         if run_summary.get("batch_norm", {}).get("statistics") == "per rank":
             data["assumptions"].append("The run normalised its BatchNorm layers with each rank's own batch "
                                        "(Job(sync_batch_norm=False)): its weights are not those of the "
@@ -336,10 +338,12 @@ def executed_of(run: dict, profile: Profile, plan: Plan) -> ExecutedPlan:
                         variables=tuple(ran))
 
 
-def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
+def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibration=None) -> dict:
     """Predicted and measured bytes per rank per step (in all and per variable) and step time.
 
-    The prediction charges what the run executed (:func:`executed_of`), on :func:`run_cluster`. See the module docstring for the basis.
+    The prediction charges what the run executed (:func:`executed_of`), on :func:`run_cluster`,
+    priced by ``calibration`` when it is of the run's shape (else the defaults). See the module
+    docstring for the basis.
     """
     from .. import cost
 
@@ -355,7 +359,9 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict) -> dict:
     executed = executed_of(run, profile, plan)
     workers, aggregated = run_topology(run)
     spec = run_cluster(planned_cluster(plan), run["ranks"], workers, aggregated)
-    est = cost.estimate_executed(profile, executed, spec)
+    same_shape = calibration is not None and (calibration.machines, calibration.workers_per_machine) == \
+        (spec.machines, spec.workers_per_machine)
+    est = cost.estimate_executed(profile, executed, spec, calibration=calibration if same_shape else None)
     if run["batch_size_per_rank"] != profile.batch_size:
         warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
                         f"batch {profile.batch_size}: the prediction's alpha and compute time are for the profiled batch")

@@ -124,8 +124,13 @@ def _overview(data: dict) -> str:
         _card("plan", labels.text(plan["architecture"])),
         _card("est. bytes / machine / step", format_bytes(plan["bytes_per_machine_per_step"])),
         _card("est. step time", fmt_ms(plan["step_time_s"])),
+        _card("step times priced", data.get("calibration") or "uncalibrated (defaults)"),
     ]
-    return f'<div class="cards">{"".join(cards)}</div>'
+    why = ""
+    if plan.get("explanations"):
+        items = "".join(f"<li>{esc(line)}</li>" for line in plan["explanations"])
+        why = f'<h2>Why AUTO chose this plan</h2><ul class="assumptions explanations">{items}</ul>'
+    return f'<div class="cards">{"".join(cards)}</div>{why}'
 
 
 def _cluster_and_assumptions(data: dict) -> str:
@@ -219,11 +224,13 @@ def _architectures_table(data: dict) -> str:
         rows.append(row(a["label"], a, plan_is_whole_model and a["name"] == plan["architecture"]))
     return (f'<h2>Totals per architecture</h2><div class="scroll"><table class="architectures"><thead>{head}</thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>'
-            f'<p class="muted">Highlighted: this plan. Communication = transfer (bytes / bandwidth) + latency '
-            f'(message rounds x latency); step time = profiled compute time '
-            f'({esc(fmt_ms(data["profile"]["step_time_s"]))}) + communication, without overlap. '
-            f'Sparse-as-dense AR is plain Horovod with sparse_as_dense=True; plain Horovod (defaults) allgathers '
-            f'sparse gradients with their duplicate rows.</p>')
+            f'<p class="muted">Highlighted: this plan. Communication = the collective calls a step issues, each '
+            f'its latency plus the bytes one rank hands to it over the bandwidth '
+            f'({esc(data.get("calibration") or "uncalibrated (defaults)")}); step time = compute time '
+            f'({esc(fmt_ms(plan["compute_time_s"]))}) + communication, without overlap. Messages: the byte '
+            f'model\'s message rounds. Sparse-as-dense AR is plain Horovod with sparse_as_dense=True; plain '
+            f'Horovod (defaults) allgathers sparse gradients among all ranks with their duplicate rows; TF '
+            f'parameter servers push and pull every variable from each worker on its own.</p>')
 
 
 def _fmt_alpha(a) -> str:

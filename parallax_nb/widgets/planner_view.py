@@ -2,7 +2,11 @@
 
 Thin by design. A control's change calls ``planner.set(...)``; every recomputation of the
 planner (from this view, another view, or code) calls :meth:`PlannerView.refresh`, which copies
-the planner's inputs back into the controls and redraws the figures. Sliders report only when
+the planner's inputs back into the controls and redraws the figures. Each architecture the view
+offers shows its estimated step time under its button; the step-time chart draws bars only for
+what can be chosen here (AR, PS, HYBRID, AUTO and the plan), the baselines a user would
+otherwise run (plain Horovod, sparse-as-dense, TF-PS) are listed in words beneath it. AUTO's
+reasons are listed under the table. Sliders report only when
 released and the bandwidth box only on Enter or leaving it (``continuous_update=False``): that
 is the debounce, one recomputation per deliberate change.
 """
@@ -14,7 +18,7 @@ import ipywidgets as widgets
 
 from .. import labels, svg
 from ..planner import Planner, describe_inputs
-from ..types import SPARSE_AS_DENSE, Architecture, Method, format_bandwidth, format_bytes
+from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, Method, format_bandwidth, format_bytes
 from . import style
 from .snapshot import SnapshotDisplay
 
@@ -25,7 +29,10 @@ METHOD_OPTIONS = [("as planned", ""), *((labels.text(m), m) for m in METHODS)]
 METHOD_TOOLTIPS = ["the plan's own choice for this variable", *(labels.label(m).description for m in METHODS)]
 CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing; the table lists every variable
 
-COMPARED = (*ARCHITECTURES, SPARSE_AS_DENSE)  # the step-time chart's whole-model estimates
+COMPARED = ARCHITECTURES   # the step-time chart's bars: only what this view offers
+REFERENCE_BASELINES = (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS)   # named beneath the chart, not drawn
+LOCAL_AGGREGATION_OPTIONS = [("auto", "auto"), ("on", True), ("off", False)]
+BUTTON_WIDTH = "76px"
 
 
 def _ms(seconds: float) -> str:
@@ -46,7 +53,8 @@ def render_summary(planner: Planner) -> str:
     return style.cards([
         style.card("communication", _ms(planner.comm_time_s), "estimated per step", css_class="parallax-comm"),
         style.card("step time", _ms(planner.step_time_s),
-                   f"compute {_ms(max(planner.step_time_s - planner.comm_time_s, 0.0))} + communication"),
+                   f"compute {_ms(max(planner.step_time_s - planner.comm_time_s, 0.0))} + communication; "
+                   f"{planner.calibration_label}", css_class="parallax-step"),
         style.card("traffic", format_bytes(est.bytes_per_machine_per_step), "per machine per step"),
         style.card("speedup vs AR", f"{planner.speedup_vs_ar:.2f}x", "every variable allreduced",
                    css_class="parallax-speedup-ar", mark=_speedup_mark(planner.speedup_vs_ar)),
@@ -86,6 +94,36 @@ def render_table(planner: Planner) -> str:
         " (* = set by hand). Partitions: the slices a PS variable's rows are split into, one per worker by default.")
 
 
+def render_option_times(planner: Planner) -> str:
+    """The estimated step time of every architecture the view offers, one under each button."""
+    cells = []
+    for arch in ARCHITECTURES:
+        est = planner.estimates[arch]
+        cells.append(f'<span class="parallax-option-time" data-architecture="{arch.value}" '
+                     f'title="{style.esc(labels.text(arch))}: estimated step time" style="display: inline-block; '
+                     f'width: {BUTTON_WIDTH}; margin-right: 4px; text-align: center">{style.esc(_ms(est.step_time_s))}'
+                     f'</span>')
+    return (f'<div style="{style.FONT} font-size: 11.5px; color: {style.FG2}; font-variant-numeric: tabular-nums">'
+            f'{"".join(cells)}</div>')
+
+
+def render_explanations(planner: Planner) -> str:
+    """AUTO's reasons, one line per decision (nothing when the plan is not AUTO's)."""
+    if not planner.explanations:
+        return ""
+    items = "".join(f"<li>{style.esc(line)}</li>" for line in planner.explanations)
+    return (f'<div class="parallax-explanations" style="{style.FONT} font-size: 12.5px; color: {style.FG}">'
+            f'<b>Why AUTO chose this</b> (estimated step time, {style.esc(planner.calibration_label)})'
+            f'<ul style="margin: 4px 0 0 0; padding-left: 20px">{items}</ul></div>')
+
+
+def render_baselines(planner: Planner) -> str:
+    """The baselines a user would otherwise run, in words: they cannot be chosen here."""
+    parts = [f"{labels.text(key)} {_ms(planner.estimates[key].step_time_s)}"
+             for key in REFERENCE_BASELINES if key in planner.estimates]
+    return style.note("Not offered here, for comparison (estimated step time): " + ", ".join(parts) + ".")
+
+
 def largest(table, limit: int):
     """The ``limit`` rows with the most bytes under either method, in their original order."""
     if len(table) <= limit:
@@ -119,13 +157,14 @@ def render_chart(planner: Planner) -> str:
                         "estimated step time", unit="ms / step", css_class="parallax-planner-steps",
                         highlight=len(names) - 1)
     return (f'<div style="display: flex; flex-wrap: wrap; gap: 12px 28px; align-items: flex-start; color: {style.FG}">'
-            f'<div style="flex: 1 1 420px; min-width: 0">{bars}</div><div style="flex: 0 1 420px">{steps}</div></div>')
+            f'<div style="flex: 1 1 420px; min-width: 0">{bars}</div><div style="flex: 0 1 420px">{steps}'
+            f'{render_baselines(planner)}</div></div>')
 
 
 def chart_key(planner: Planner) -> tuple:
     """Everything :func:`render_chart` draws; equal keys mean an identical chart."""
     baselines = tuple((str(arch), planner.estimates[arch].comm_time_s, planner.estimates[arch].step_time_s)
-                      for arch in COMPARED)
+                      for arch in (*COMPARED, *(k for k in REFERENCE_BASELINES if k in planner.estimates)))
     return (tuple(planner.table.itertuples()), baselines, planner.comm_time_s, planner.step_time_s)
 
 
@@ -158,8 +197,13 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         self.latency_us = widgets.FloatText(step=5.0, layout=widgets.Layout(width="120px"))
         self.architecture = widgets.ToggleButtons(options=ARCHITECTURE_OPTIONS,
                                                   tooltips=[labels.label(a).description for a in ARCHITECTURES],
-                                                  style={"button_width": "76px"})
-        self.local_aggregation = widgets.Checkbox(description="combine a machine's gradients first", indent=False)
+                                                  style={"button_width": BUTTON_WIDTH})
+        self.option_times = widgets.HTML()
+        self.local_aggregation = widgets.ToggleButtons(
+            options=LOCAL_AGGREGATION_OPTIONS, style={"button_width": "56px"},
+            tooltips=["AUTO chooses whichever its estimate calls faster (other architectures: on)",
+                      "combine a machine's gradients before they cross machines", "every rank on its own"])
+        self.explanations = widgets.HTML()
         self.variable = widgets.Dropdown(options=names, layout=widgets.Layout(width="260px"))
         self.method = widgets.ToggleButtons(options=METHOD_OPTIONS, tooltips=METHOD_TOOLTIPS,
                                             style={"button_width": "96px"})
@@ -182,15 +226,17 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         ])
         plan_box = widgets.VBox([
             _row("architecture", self.architecture),
+            _row("estimated step", self.option_times),
             _row("variable", self.variable),
             _row("its method", self.method),
             _row("its partitions", widgets.HBox([self.partitions, self.partitions_note])),
         ])
         controls = widgets.HBox([cluster_box, plan_box], layout=widgets.Layout(
             padding="10px 12px", margin="0 0 8px 0", border=f"1px solid {style.BORDER}", flex_flow="row wrap"))
-        for output in (self.error, self.summary, self.table):
+        for output in (self.error, self.summary, self.table, self.explanations):
             output.layout.margin = "0 0 8px 0"
-        super().__init__([title, controls, self.error, self.summary, self.table, self.chart], **kwargs)
+        super().__init__([title, controls, self.error, self.summary, self.table, self.explanations, self.chart],
+                         **kwargs)
         self.add_class("parallax-planner-view")
 
         for name in ("machines", "workers_per_machine", "bandwidth", "architecture", "local_aggregation"):
@@ -243,7 +289,9 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
             arch = getattr(inputs.architecture, "value", str(inputs.architecture).lower())
             if arch in dict((v, k) for k, v in ARCHITECTURE_OPTIONS):
                 self.architecture.value = arch
-            self.local_aggregation.value = bool(inputs.local_aggregation)
+            shown = _local_aggregation_option(inputs.local_aggregation)
+            if shown is not None:    # an invalid value ("no") is left to the error box
+                self.local_aggregation.value = shown
         self._sync_override_controls()
         if p.error is None:
             self.error.value = ""
@@ -255,7 +303,10 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
                 f"{describe_inputs(inputs)}.")
             self.error.layout.display = None
         self.summary.value = render_summary(p)
+        self.option_times.value = render_option_times(p)
         self.table.value = render_table(p)
+        self.explanations.value = render_explanations(p)
+        self.explanations.layout.display = None if p.explanations else "none"
         key = chart_key(p)
         if key != self._chart_key:     # an invalid input keeps the last plan: no redraw
             self.chart.value = render_chart(p)
@@ -286,9 +337,10 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         p = self.planner
         inputs = style.note(f"Planned for {style.esc(describe_inputs(p.result.inputs))}, latency "
                             f"{p.cluster.latency_s * 1e6:.6g} &micro;s, local aggregation "
-                            f"{'on' if p.cluster.local_aggregation else 'off'}.")
+                            f"{'on' if p.cluster.local_aggregation else 'off'}; {style.esc(p.calibration_label)}.")
         return style.snapshot("parallax-planner-snapshot", [
-            self.children[0].value, inputs, self.error.value, self.summary.value, self.table.value, self.chart.value])
+            self.children[0].value, inputs, self.error.value, self.summary.value, self.table.value,
+            self.explanations.value, self.chart.value])
 
 
 def partitions_note(planner: Planner, name: str) -> str:
@@ -304,6 +356,14 @@ def partitions_note(planner: Planner, name: str) -> str:
         text = (f"{rows:,} rows in {parts} slices (default: one per worker, {planner.cluster.workers})"
                 + (f"; {parts - rows} slices are empty" if parts > rows else ""))
     return f'<span style="{style.FONT} font-size: 11.5px; color: {style.FG2}; margin-left: 8px">{style.esc(text)}</span>'
+
+
+def _local_aggregation_option(value):
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    return None
 
 
 def _bandwidth_text(bandwidth) -> str:
