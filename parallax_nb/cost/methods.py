@@ -214,12 +214,10 @@ class CostTable(dict):
     it reads as the complete dict it stands for."""
 
     def __init__(self, var: VariableProfile, cluster: ClusterSpec):
-        dense = var.kind is Kind.DENSE
+        eager, pending, self._reuse = _LAYOUT[var.kind, cluster.local_aggregation]
         self._var, self._cluster = var, cluster
-        self._reuse = {key: method for key, method, aggregated in _SAME_AS
-                       if dense and cluster.local_aggregation == aggregated}
-        self._pending = dict(_ENTRIES[var.kind][len(Method):])
-        super().__init__((key, cost(var, cluster)) for key, cost in _ENTRIES[var.kind][:len(Method)])
+        self._pending = dict(pending)
+        super().__init__([(key, cost(var, cluster)) for key, cost in eager])
 
     def __missing__(self, key):
         cost = self._pending.pop(key, None)
@@ -275,6 +273,14 @@ class CostTable(dict):
         return dict, (dict(self.fill()),)
 
 
+# per (kind, local aggregation): the methods' entries, the baselines' (made on first use) and
+# which baseline shares which entry
+_LAYOUT = {(kind, aggregated): (_ENTRIES[kind][:len(Method)], dict(_ENTRIES[kind][len(Method):]),
+                                {key: method for key, method, on in _SAME_AS
+                                 if kind is Kind.DENSE and aggregated == on})
+           for kind in Kind for aggregated in (True, False)}
+
+
 def method_costs(var: VariableProfile, cluster: ClusterSpec) -> dict[str, MethodCost]:
     """Every method's and every baseline's cost of ``var``, keyed by ``Method.value`` or baseline key
     (a :class:`CostTable`: baselines made on first use). A dense variable's baseline that
@@ -290,6 +296,6 @@ def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
     without (1 for a dense variable).
     """
     n, g = participants(cluster)
-    return VariableCost(name=var.name, kind=var.kind, size_bytes=var.size_bytes, rows=var.rows,
-                        alpha=_shape(var, cluster)[2], participants=n, participants_per_machine=g,
-                        methods=method_costs(var, cluster))
+    alpha = 1.0 if var.kind is Kind.DENSE else \
+        var.alpha_for_workers(cluster.workers_per_machine if cluster.local_aggregation else 1)
+    return VariableCost(var.name, var.kind, var.size_bytes, var.rows, alpha, n, g, CostTable(var, cluster))

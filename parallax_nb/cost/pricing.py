@@ -16,7 +16,7 @@ from .model import participants, rounds
 from .timing import CallTime, calibration_for, call_time, compute_time_s, step_communication
 
 _PRICINGS: dict = {}
-_PRICINGS_KEPT = 4   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
+_PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
 
 
 def check_inputs(profile, cluster) -> None:
@@ -29,8 +29,23 @@ def check_inputs(profile, cluster) -> None:
 
 
 def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]:
-    """:func:`variable_cost` of every variable of ``profile``, in profile order."""
-    return [variable_cost(v, cluster) for v in profile.variables]
+    """:func:`variable_cost` of every variable of ``profile``, in profile order. A dense
+    variable's costs depend on its bytes alone, so dense variables of one size share one
+    table of entries (a model repeats its layers' shapes)."""
+    by_size: dict[int, VariableCost] = {}
+    out = []
+    for v in profile.variables:
+        if v.kind is not Kind.DENSE:
+            out.append(variable_cost(v, cluster))
+            continue
+        same = by_size.get(v.size_bytes)
+        if same is None:
+            same = by_size[v.size_bytes] = variable_cost(v, cluster)
+            out.append(same)
+        else:
+            out.append(VariableCost(v.name, v.kind, v.size_bytes, v.rows, same.alpha, same.participants,
+                                    same.participants_per_machine, same.methods))
+    return out
 
 
 class Pricing:
@@ -51,7 +66,15 @@ class Pricing:
         """Per variable, the call time of its cost under ``key`` (a Method value or baseline key)."""
         if key not in self._times:
             ranks = self.cluster.workers
-            self._times[key] = [call_time(c.cost_of(key), self.calibration, ranks) for c in self.costs]
+            priced: dict[int, CallTime] = {}   # by cost entry: dense variables of one size share theirs
+            times = []
+            for c in self.costs:
+                cost = c.cost_of(key)
+                time = priced.get(id(cost))
+                if time is None:
+                    time = priced[id(cost)] = call_time(cost, self.calibration, ranks)
+                times.append(time)
+            self._times[key] = times
         return self._times[key]
 
     def charged_keys(self, label: str, methods: Sequence[Method]) -> list[str]:
