@@ -71,7 +71,7 @@ def test_report_renders_from_disk_with_no_other_host_and_no_console_error(report
             rows = table.locator("tbody tr")
             assert rows.count() == len(prof.variables)
             assert rows.nth(0).locator("td").nth(0).inner_text() == EVIL  # shown as text, in its row
-            assert page.locator("table.architectures tbody tr").count() == 6
+            assert page.locator("table.architectures tbody tr").count() == 7   # 4 architectures, 3 baselines
             assert page.locator("table.measured").is_visible()
             images = page.evaluate("Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
             assert len(images) == 2 and all(done and w > 100 and h > 100 for done, w, h in images), images

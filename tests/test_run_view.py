@@ -104,7 +104,8 @@ def test_no_prediction_for_another_cluster_without_profile():
 def test_prediction_is_a_ranks_share_on_the_plans_machines():
     """Engines on one host run as the plan's machines when the plan has that many workers: each
     rank is predicted its share of its machine's bytes (the runtime counts bytes per rank)."""
-    plan = make_plan(_profile(), ClusterSpec.create(machines=2, workers_per_machine=2), architecture="auto")
+    plan = make_plan(_profile(), ClusterSpec.create(machines=2, workers_per_machine=2), architecture="auto",
+                     local_aggregation=True)   # AUTO would choose it; the shares below are local aggregation's
     predicted = Run(plan=plan, steps=4, engines=4).predicted_bytes_by_variable()
     assert set(predicted) == {v.name for v in plan.variables}
     for v in plan.variables:
