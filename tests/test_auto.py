@@ -260,3 +260,54 @@ def test_sparse_as_dense_and_tf_ps_as_users_run_them():
     assert {PLAIN_HOROVOD, TF_PS, SPARSE_AS_DENSE} <= set(ests)
     assert ests[TF_PS].bytes_per_machine_per_step == pytest.approx(
         1_040_000 + variable_cost(dense_var(), ClusterSpec(2, 2)).bytes_for(TF_PS), abs=BYTE)
+
+
+def test_the_report_command_takes_a_calibration(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    prof = lm_profile()
+    (tmp_path / "profile.json").write_text(prof.to_json())
+    (tmp_path / "plan.json").write_text(make_plan(prof, ClusterSpec.create(2, 2, "1Gbit/s"), "auto").to_json())
+    calibration_2x2().to_json(str(tmp_path / "calibration.json"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "parallax_nb", "report", "--profile", "profile.json", "--plan",
+                           "plan.json", "--calibration", "calibration.json", "-o", "r.html"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["calibration"].startswith("calibrated on emulated 2x2")
+
+
+def test_the_plan_magic_takes_a_calibration(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()   # the one shell of the test session: leave it as found
+    shell.run_line_magic("load_ext", "parallax_nb")
+    magics = shell.magics_manager.registry["ParallaxMagics"]
+    before = dict(magics.last)
+    kept_plan = shell.user_ns.get("plan")
+    shell.user_ns.update(magic_profile=lm_profile(), magic_calibration=calibration_2x2(compute_s=0.05))
+    try:
+        shell.run_line_magic("parallax", "plan magic_profile --machines 2 --workers-per-machine 2 "
+                                         "--calibration magic_calibration -o magic_planner")
+        planner = shell.user_ns["magic_planner"]
+        assert planner.calibration_label.startswith("calibrated on") and planner.estimate.compute_time_s == 0.05
+        path = tmp_path / "calibration.json"
+        calibration_2x2().to_json(str(path))
+        shell.run_line_magic("parallax", f"plan magic_profile --machines 2 --workers-per-machine 2 "
+                                         f"--calibration {path} -o magic_planner")
+        assert shell.user_ns["magic_planner"].calibration_label.startswith("calibrated on")
+        with pytest.raises(UsageError) as err:
+            shell.run_line_magic("parallax", f"plan magic_profile --machines 3 --calibration {path}")
+        assert "2 machine(s) x 2 rank(s)" in str(err.value) and "3 machine(s) x 1 rank(s)" in str(err.value)
+    finally:
+        magics.last.update(before)
+        for name in ("magic_profile", "magic_calibration", "magic_planner", "plan"):
+            shell.user_ns.pop(name, None)
+        if kept_plan is not None:
+            shell.user_ns["plan"] = kept_plan

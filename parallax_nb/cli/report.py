@@ -1,4 +1,5 @@
-"""``python -m parallax_nb report --profile profile.json --plan plan.json [--run RUN_DIR] -o report.html``
+"""``python -m parallax_nb report --profile profile.json --plan plan.json [--run RUN_DIR]
+[--calibration calibration.json] -o report.html``
 
 Writes the HTML cost report and, beside it, the same name with .csv and .json; prints the
 three paths.
@@ -20,16 +21,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to write the HTML (default: cost_report.html); .csv and .json go beside it")
     parser.add_argument("--title", help="title at the top of the report")
     parser.add_argument("--notes", help="free text shown under the title")
+    parser.add_argument("--calibration", metavar="CALIBRATION_JSON",
+                        help="calibration of the plan's cluster (python -m parallax_nb calibrate): prices the step "
+                             "times; default: documented defaults, marked uncalibrated")
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..calibration import Calibration
     from ..plan import Plan
     from ..report import report
     from ..types import Profile
 
     profile = Profile.from_json(args.profile)
     plan = Plan.from_json(args.plan)
-    files = report(profile, plan, args.run, title=args.title, notes=args.notes).save(args.output)
+    calibration = Calibration.from_json(args.calibration) if args.calibration else None
+    files = report(profile, plan, args.run, title=args.title, notes=args.notes,
+                   calibration=calibration).save(args.output)
     for path in files:
         print(path)
     return 0
