@@ -245,12 +245,13 @@ def duplicates(profile: Profile, plans: dict[str, str], configs: list[str]) -> d
 
 
 def predictions(profile: Profile, spec: ClusterSpec) -> dict:
-    """Cost-model bytes per participant per step for each configuration (``horovod`` = AR)."""
-    from parallax_nb.cost import SPARSE_AS_DENSE, compare_architectures
+    """Cost-model bytes per participant per step for each configuration (``horovod``: plain
+    Horovod as users run it, its IndexedSlices allgathered among all ranks with their duplicates)."""
+    from parallax_nb.cost import PLAIN_HOROVOD, SPARSE_AS_DENSE, compare_architectures
 
-    est = compare_architectures(profile, spec)
+    est = compare_architectures(profile, spec, include_horovod=True)
     out = {arch: est[arch].bytes_per_machine_per_step for arch in ARCHITECTURES}
-    out["horovod"] = est["ar"].bytes_per_machine_per_step
+    out["horovod"] = est[PLAIN_HOROVOD].bytes_per_machine_per_step
     out["sparse_as_dense"] = est[SPARSE_AS_DENSE].bytes_per_machine_per_step
     out["sparse"] = {arch: est[arch].sparse_bytes_per_machine_per_step for arch in ARCHITECTURES}
     return out

@@ -11,7 +11,8 @@ Every change recomputes, in this order (all pure Python, milliseconds):
    per-variable method overrides (``plan.with_methods``). ``local_aggregation="auto"`` (the
    default without a ClusterSpec) lets AUTO choose it; other architectures then run with it on
 3. ``estimate(profile, plan)`` for the plan, and ``compare_architectures(profile, plan.cluster)``
-   for the whole-model options AR, PS, HYBRID and AUTO and the baselines a user would
+   for the whole-model options AR, PS, HYBRID and AUTO (with the local aggregation the inputs
+   ask for, or its own choice under "auto") and the baselines a user would
    otherwise run (sparse-as-dense, plain Horovod, TF-PS), all priced by the calibration
    (its defaults, "uncalibrated", without one).
 
@@ -146,7 +147,8 @@ def _build(profile: Profile, inputs: PlannerInputs, calibration=None) -> Planner
                      local_aggregation=local_aggregation, calibration=calibration)
     if methods:   # partitions again: a variable switched to PS keeps the partitions asked for
         plan = plan.with_methods(methods, partitions={n: p for n, p in partitions.items() if n in methods})
-    estimates = compare_architectures(profile, plan.cluster, include_horovod=True, calibration=calibration)
+    estimates = compare_architectures(profile, plan.cluster, include_horovod=True, calibration=calibration,
+                                      local_aggregation=local_aggregation)   # AUTO as the inputs would make it
     return PlannerResult(inputs=inputs, cluster=plan.cluster, architecture=architecture, plan=plan,
                          estimate=estimate(profile, plan, calibration=calibration), estimates=dict(estimates))
 

@@ -60,7 +60,8 @@ def expected(profile, machines, workers, bandwidth, local_aggregation="auto", ar
     p = make_plan(profile, cluster, architecture, partitions=partitions, local_aggregation=chosen)
     if methods:
         p = p.with_methods(methods, partitions={k: v for k, v in (partitions or {}).items() if k in methods})
-    return p.cluster, p, cost.estimate(profile, p), cost.compare_architectures(profile, p.cluster, include_horovod=True)
+    return p.cluster, p, cost.estimate(profile, p), cost.compare_architectures(profile, p.cluster, include_horovod=True,
+                                                                             local_aggregation=chosen)
 
 
 def assert_planner_matches(planner, profile, **inputs):

@@ -54,10 +54,11 @@ def auto_estimate(profile: Profile, cluster: ClusterSpec, calibration=None, loca
                                                                 choice.explanations)
 
 
-def _whole_model(profile: Profile, cluster: ClusterSpec, calibration=None, include_horovod: bool = False) -> dict:
+def _whole_model(profile: Profile, cluster: ClusterSpec, calibration=None, include_horovod: bool = False,
+                 local_aggregation: bool | None = None) -> dict:
     priced = pricing(profile, cluster, calibration)
     out: dict = {a: priced.architecture(a) for a in WHOLE_MODEL if a is not Architecture.AUTO}
-    out[Architecture.AUTO] = auto_estimate(profile, cluster, calibration)
+    out[Architecture.AUTO] = auto_estimate(profile, cluster, calibration, local_aggregation)
     baselines = (SPARSE_AS_DENSE, PLAIN_HOROVOD, TF_PS) if include_horovod else (SPARSE_AS_DENSE,)
     for key in baselines:
         out[key] = priced.baseline(key)
@@ -107,12 +108,13 @@ def estimate_executed(profile: Profile, executed, cluster: ClusterSpec, calibrat
 
 
 def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovod: bool = False,
-                          calibration=None) -> dict:
+                          calibration=None, local_aggregation: bool | None = None) -> dict:
     """``{Architecture.AR, .PS, .HYBRID, .AUTO, SPARSE_AS_DENSE: Estimate}`` on ``cluster``.
 
     Keys are str-valued, so ``result["hybrid"]`` works too. AR, PS and HYBRID run with the
     cluster's local aggregation; AUTO chooses its methods and local aggregation for the
-    least estimated step time (:mod:`.auto`), so it is never estimated slower than they are.
+    least estimated step time (:mod:`.auto`), so it is never estimated slower than they are
+    (``local_aggregation`` True/False pins AUTO's instead).
     ``SPARSE_AS_DENSE`` is plain Horovod with ``sparse_as_dense=True``: every variable
     allreduced densely. With ``include_horovod``, also ``PLAIN_HOROVOD`` (Horovod's defaults,
     sparse gradients allgathered among all ranks with their duplicate rows) and ``TF_PS``
@@ -120,7 +122,7 @@ def compare_architectures(profile: Profile, cluster: ClusterSpec, include_horovo
     ``calibration`` prices the calls (defaults when None).
     """
     _check_inputs(profile, cluster)
-    return _whole_model(profile, cluster, calibration, include_horovod)
+    return _whole_model(profile, cluster, calibration, include_horovod, local_aggregation)
 
 
 def _curve_key(architecture) -> str:
