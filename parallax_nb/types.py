@@ -48,8 +48,9 @@ class Architecture(str, enum.Enum):
     """A whole-model choice of methods.
 
     AR: every variable AllReduce. PS: every variable on parameter servers. HYBRID: AR for
-    dense variables, PS for sparse ones (Parallax's default). AUTO: per variable, whichever
-    the cost model says moves fewer bytes.
+    dense variables, PS for sparse ones (Parallax's default). AUTO: per variable (and local
+    aggregation on or off), whatever gives the least estimated step time
+    (:mod:`parallax_nb.cost.auto`).
     """
 
     AR = "ar"
