@@ -311,3 +311,25 @@ def test_the_plan_magic_takes_a_calibration(tmp_path):
             shell.user_ns.pop(name, None)
         if kept_plan is not None:
             shell.user_ns["plan"] = kept_plan
+
+
+def test_the_safety_net_takes_a_faster_whole_model_plan_and_says_so(monkeypatch):
+    """Under the model AUTO's search is exact, so the check against AR, PS and HYBRID never
+    fires on its own; with a search that picks the worst method per variable it must."""
+    from parallax_nb.cost import auto
+
+    prof = lm_profile()
+    cluster = ClusterSpec.create(8, 2, "10Gbit/s")
+    honest = auto.choose_auto(prof, cluster)
+
+    def worst(priced):
+        ar, ps = auto._variable_times(priced)
+        return [Method.AR if p < a else Method.PS for a, p in zip(ar, ps)]
+    monkeypatch.setattr(auto, "_best_methods", worst)
+    rescued = auto.choose_auto(prof, cluster, local_aggregation=honest.cluster.local_aggregation)
+    taken = [line for line in rescued.explanations if line.startswith("AUTO takes ")]
+    assert len(taken) == 1 and "'s plan: " in taken[0]
+    whole = {a: estimate(prof, make_plan(prof, rescued.cluster, a)).comm_time_s for a in OTHERS}
+    assert rescued.comm_time_s == pytest.approx(min(whole.values()))
+    lines = dict(line.split(": ", 1) for line in rescued.explanations[1:-1])
+    assert all(lines[name].startswith(m.value.upper()) for name, m in zip(prof.names, rescued.methods))

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile
+from .choice import choose_method
 from .pricing import pricing
 from .timing import fused_seconds_per_byte, step_communication
 
@@ -92,7 +93,7 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
     None evaluates on and off and takes the faster; a bool pins it."""
     if local_aggregation is not None:
         settings = (bool(local_aggregation),)
-    elif cluster.workers_per_machine == 1:   # one rank per machine: the runtime runs the flat collectives either way
+    elif cluster.workers_per_machine == 1:   # the runtime runs the flat collectives either way
         settings = (cluster.local_aggregation,)
     else:
         settings = (True, False)
@@ -114,16 +115,17 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
         explanations.append(f"local aggregation {'on' if on else 'off'}, as asked")
     else:
         explanations.append(f"local aggregation {'on' if on else 'off'}: one rank per machine, nothing to combine")
-    explanations.extend(_explain_variables(priced, methods))
+    taken = None
     for architecture in (Architecture.AR, Architecture.PS, Architecture.HYBRID):
-        whole = [Method.AR if architecture is Architecture.AR else
-                 Method.PS if architecture is Architecture.PS or c.kind is Kind.SPARSE else Method.AR
-                 for c in priced.costs]
+        whole = [choose_method(c.kind, architecture) for c in priced.costs]
         if whole == list(methods):
             continue
         whole_comm = _comm(priced, whole)
         if whole_comm < comm:
-            explanations.append(f"AUTO takes {architecture.value.upper()}'s plan: {duration(comm - whole_comm)}"
-                                f"/step less than its per-variable choice")
+            taken = (f"AUTO takes {architecture.value.upper()}'s plan: {duration(comm - whole_comm)}/step less "
+                     f"than its per-variable choice")
             comm, methods = whole_comm, whole
+    explanations.extend(_explain_variables(priced, methods))
+    if taken is not None:
+        explanations.append(taken)
     return AutoChoice(tuple(methods), priced.cluster, comm, tuple(explanations))
