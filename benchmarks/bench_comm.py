@@ -94,6 +94,15 @@ def parse_network(text: str) -> tuple[int, int, str]:
     return machines, workers, bandwidth
 
 
+def work_directory(path: str | None, benchmark: str) -> str:
+    """``path`` (made if missing) or a new temporary folder, said on stdout: specs, plans,
+    profiles and logs of the launches are kept there."""
+    workdir = path or tempfile.mkdtemp(prefix=f"pxnb-{benchmark}-")
+    os.makedirs(workdir, exist_ok=True)
+    print(f"{benchmark}: work directory {workdir}", flush=True)
+    return workdir
+
+
 def rank_env() -> dict:
     env = dict(os.environ)
     # Horovod's background loop negotiates collectives once per cycle (ms); ranks here wait on
@@ -337,9 +346,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--invocations needs a whole number >= 1, got {args.invocations}")
     if args.invocations > 1:
         return repeated(args, argv if argv is not None else sys.argv[1:])
-    workdir = args.workdir or tempfile.mkdtemp(prefix="pxnb-bench-")
-    os.makedirs(workdir, exist_ok=True)
-    print(f"bench_comm: work directory {workdir}", flush=True)
+    workdir = work_directory(args.workdir, "bench_comm")
     started = time.monotonic()
     settings = []
     for w in args.workloads:
