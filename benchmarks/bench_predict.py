@@ -21,10 +21,12 @@ Settings: workloads ``lm`` (LM realistic, :data:`bench_comm.WORKLOADS`), ``cnn``
 ``recommender``; networks ``loop2``, ``loop4`` (2 or 4 ranks on one machine) and emulated
 ``MxG@BANDWIDTH``; configurations AR, PS, HYBRID, AUTO, plain Horovod and ``sparse_as_dense``.
 
-The default grid is what fits in about 20 minutes on 2 cores (every workload at ``loop2`` and
-``2x2@1Gbit/s``, without ``sparse_as_dense``); :data:`FULL_NETWORKS` adds ``loop4``,
-``2x2@100Mbit/s``, ``2x2@10Gbit/s`` and ``4x2@1Gbit/s`` (``--networks all``), and
-``--configs all`` adds ``sparse_as_dense``, whose densified tables make an LM step seconds long.
+The default grid is sized for about 15 minutes on 2 cores (every workload at ``loop2``,
+``loop4``, ``2x2@100Mbit/s`` and ``2x2@1Gbit/s``, without ``sparse_as_dense``; an estimate from
+its parts, measured one invocation each: benchmarks/README.md). It leaves out ``2x2@10Gbit/s``
+and ``4x2@1Gbit/s`` (8 ranks on 2 cores), which ``--networks all`` adds, and
+``sparse_as_dense``, which ``--configs all`` adds (its densified tables make an LM step seconds
+long).
 
     python benchmarks/bench_predict.py --quick                     # tiny workloads: the harness
     python benchmarks/bench_predict.py --workloads lm --networks 2x2@1Gbit/s --json out.json --markdown out.md
@@ -55,7 +57,7 @@ WORKLOADS = {
 }
 QUICK = {"lm": bench_comm.QUICK["lm"], "cnn": bench_comm.QUICK["cnn"],
          "recommender": dict(workload="recommender", size="tiny", batch_size=16, overrides={})}
-DEFAULT_NETWORKS = ("loop2", "2x2@1Gbit/s")
+DEFAULT_NETWORKS = ("loop2", "loop4", "2x2@100Mbit/s", "2x2@1Gbit/s")
 FULL_NETWORKS = ("loop2", "loop4", "2x2@100Mbit/s", "2x2@1Gbit/s", "2x2@10Gbit/s", "4x2@1Gbit/s")
 QUICK_NETWORKS = ("loop2", "2x2@1Gbit/s")
 DEFAULT_CONFIGS = ("ar", "ps", "hybrid", "auto", "horovod")
@@ -281,8 +283,11 @@ def main(argv=None) -> int:
         atomic_write_text(args.json, json.dumps(doc, indent=1))
         print(f"wrote {args.json}")
     if args.markdown:
+        schedule = doc["schedule"]
         atomic_write_text(args.markdown, f"`{doc['command']}` on {doc['machine']}, {doc['finished_utc']}, "
-                                         f"{doc['wall_s']:.0f} s\n\n{table}\n")
+                                         f"{doc['wall_s']:.0f} s; measured step time = median over "
+                                         f"{schedule['repeats']} windows of {schedule['steps']} steps after "
+                                         f"{schedule['warmup']} warm-up steps\n\n{table}\n")
         print(f"wrote {args.markdown}")
     return 0
 
