@@ -397,3 +397,22 @@ def test_environment_facts_read_as_text_with_units(lm_report):
         if key.endswith("_s"):
             assert re.fullmatch(r"[\d.e+-]+ s", value) and len(value) <= 9, (key, value)
     assert "&lt;ranks&gt;" not in page and "<ranks>" not in page
+
+
+def test_cli_step_time_line_names_the_steps_and_the_missing_profile(lm_profile, lm_plan):
+    """`python -m parallax_nb run`'s summary line: the estimate of what ran against the median
+    of the steps after the first; without a profile it says how to get a prediction."""
+    from parallax_nb import cost
+    from parallax_nb.cli.run import step_time_summary
+    from parallax_nb.report.build import executed_of
+
+    run = dict(run_summary_for(lm_profile, lm_plan, 2, {}, 0.0), step_time_s_median=0.25, measured_steps=[2, 5])
+    executed = executed_of(run, lm_profile, lm_plan)
+    run["executed_plan"] = executed.to_dict()
+    predicted = cost.estimate_executed(lm_profile, executed, lm_plan.cluster.replace(
+        machines=executed.machines, workers_per_machine=executed.workers_per_machine,
+        local_aggregation=executed.local_aggregation)).step_time_s
+    line = step_time_summary(lm_profile, lm_plan, run)
+    assert line.startswith(f"step time: predicted {predicted * 1e3:.1f} ms, measured 250.0 ms (median of steps 2-5), "
+                           f"{100 * (0.25 / predicted - 1):+.1f} %"), line
+    assert "no prediction (pass --profile profile.json" in step_time_summary(None, lm_plan, run)
