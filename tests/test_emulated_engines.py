@@ -224,14 +224,23 @@ def test_hybrid_equals_single_device_and_links_carry_the_prediction(cluster, wor
           f"{coordination[1]:.0f} packets/s; median step {step_s * 1000:.0f} ms")
     assert sorted(measured) == [m.namespace for m in cluster.network.machines]
     # The prediction is the cost model's payload with TCP/IP framing (x 1.0684) plus Horovod's
-    # coordination (the rate measured just above, idle, times the median step). Measured in two
-    # runs per machine (error = counters / prediction - 1): the recommender +11.9 %, +12.0 %,
-    # +11.9 %, +11.9 % (its many short messages carry more headers than full segments; the
-    # payload alone was +40 %); the LM -14.5 %, -14.5 %, -14.0 %, -14.1 %: its payload is
-    # over-predicted, the cost model's 601 KB against the 530 KB the runtime's ledger hands to
-    # MPI (the profile's union of a machine's batches counts the shared sampled candidates once
-    # per rank), and on the ledger's payload the same framing and coordination give -3.6 %, -3.0 %.
+    # coordination (the rate measured just above, idle, times the median step). Measured in three
+    # runs (error = counters / prediction - 1, both machines alike): the recommender +11.9 %,
+    # +11.9 %, +8.1 % (its many short messages carry more headers than full segments; the
+    # payload alone was +40 %); the LM -14.5 %, -14.0 %, -13.5 %: its payload is over-predicted,
+    # the cost model's 601 KB against the 530 KB the runtime's ledger hands to MPI (the profile's
+    # union of a machine's batches counts the shared sampled candidates once per rank), and on
+    # the ledger's payload the same framing and coordination give -3.6 %, -3.0 %, -2.4 %.
     on_ledger = predict_link_bytes(ledger * 2, step_s, the_run.calibration).total_bytes
+    # the run view's faces of the same run: the link table and, after the run, the step time
+    from parallax_nb.widgets.run_view import RunView, render_link_table
+
+    assert "+ coordination" in render_link_table(the_run) and f"emulated {NETWORK}" in render_link_table(the_run)
+    check = the_run.step_time_check()
+    assert check.measured_steps == f"steps 2-{STEPS}" and check.measured_step_time_s == pytest.approx(step_s)
+    assert "2 machine(s) x 2 rank(s) at 1Gbit/s" in check.basis, check.basis
+    assert check.line() in RunView(the_run).status_text()
+    print(f"{workload} HYBRID on {NETWORK}: {check.line()}")
     for host, value in measured.items():
         if workload == "lm":
             assert value == pytest.approx(predicted, rel=0.16), (host, value, predicted)
