@@ -416,3 +416,6 @@ def test_cli_step_time_line_names_the_steps_and_the_missing_profile(lm_profile, 
     assert line.startswith(f"step time: predicted {predicted * 1e3:.1f} ms, measured 250.0 ms (median of steps 2-5), "
                            f"{100 * (0.25 / predicted - 1):+.1f} %"), line
     assert "no prediction (pass --profile profile.json" in step_time_summary(None, lm_plan, run)
+    other = dataclasses.replace(lm_profile, variables=(dataclasses.replace(lm_profile.variables[0], name="other/w"),
+                                                       *lm_profile.variables[1:]))    # a profile of another model
+    assert step_time_summary(other, lm_plan, run).startswith("step time: no prediction (the executed plan")

@@ -382,6 +382,12 @@ def test_step_time_predicted_against_measured_after_the_run(planned_run):
     assert "uncalibrated" in check.basis
     assert f"measured 60.0 ms (median of steps 2-4), {check.error_pct:+.1f} %" in view.status.value
     assert check.line() in view.status_text()
+    # a profile of another model gives no prediction, and the view still draws
+    import dataclasses
+
+    run.profile = dataclasses.replace(_profile(), variables=(
+        dataclasses.replace(_profile().variables[0], name="other/embeddings"), *_profile().variables[1:]))
+    assert run.step_time_check() is None and "step time:" not in RunView(run).status_text()
 
 
 def test_link_table_shows_payload_framing_and_coordination_beside_the_counters():

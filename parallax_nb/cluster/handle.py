@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import DistributedError
+from ..errors import DistributedError, ParallaxError
 
 STARTING, RUNNING, STOPPING, DONE, STOPPED, FAILED = "starting", "running", "stopping", "done", "stopped", "failed"
 FINISHED = (DONE, STOPPED, FAILED)
@@ -321,8 +321,11 @@ class Run:
                                local_aggregation=ran.local_aggregation,
                                **({"bandwidth_bps": emulated} if emulated else {}))
         records = self.records
-        return check_step_time(self.profile, ran, spec, self.measured_step_time_s(),
-                               measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration)
+        try:
+            return check_step_time(self.profile, ran, spec, self.measured_step_time_s(),
+                                   measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration)
+        except ParallaxError:   # a profile of another model: no prediction, the run stands
+            return None
 
     def predicted_bytes_by_variable(self) -> dict[str, float]:
         """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.
