@@ -94,6 +94,15 @@ def parse_network(text: str) -> tuple[int, int, str]:
     return machines, workers, bandwidth
 
 
+def work_directory(path: str | None, benchmark: str) -> str:
+    """``path`` (made if missing) or a new temporary folder, said on stdout: specs, plans,
+    profiles and logs of the launches are kept there."""
+    workdir = path or tempfile.mkdtemp(prefix=f"pxnb-{benchmark}-")
+    os.makedirs(workdir, exist_ok=True)
+    print(f"{benchmark}: work directory {workdir}", flush=True)
+    return workdir
+
+
 def rank_env() -> dict:
     env = dict(os.environ)
     # Horovod's background loop negotiates collectives once per cycle (ms); ranks here wait on
@@ -291,9 +300,7 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     return {"workload": spec["workload"], "workload_name": workload_name, "ranks": ranks, "machines": machines, "workers_per_machine": workers,
             "network": network, "bandwidth": bandwidth, "wall_s": time.monotonic() - start,
             "prediction": predictions(profile, per_rank),
-            "link_prediction": None if bandwidth is None else {
-                **predictions(profile, plan_spec),
-                **{c: predictions(profile, plan_spec.replace(local_aggregation=False))[c] for c in HOROVOD_CONFIGS}},
+            "link_prediction": None if bandwidth is None else predictions(profile, plan_spec),
             "sparse_variables": [v.name for v in profile.variables if v.is_sparse],
             "configs": results}
 
@@ -338,9 +345,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--invocations needs a whole number >= 1, got {args.invocations}")
     if args.invocations > 1:
         return repeated(args, argv if argv is not None else sys.argv[1:])
-    workdir = args.workdir or tempfile.mkdtemp(prefix="pxnb-bench-")
-    os.makedirs(workdir, exist_ok=True)
-    print(f"bench_comm: work directory {workdir}", flush=True)
+    workdir = work_directory(args.workdir, "bench_comm")
     started = time.monotonic()
     settings = []
     for w in args.workloads:

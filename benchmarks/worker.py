@@ -1,7 +1,7 @@
 """What every MPI rank of a benchmark launch runs: the configurations of one spec, in turn.
 
 ``python benchmarks/worker.py SPEC.json RESULTS.json`` under mpirun. The spec names the
-workload (``lm``/``cnn``, size, overrides, per-rank batch), the configurations and the
+workload (``lm``/``cnn``/``recommender``, size, overrides, per-rank batch), the configurations and the
 schedule: ``warmup_steps`` untimed steps, then ``repeats`` windows of ``steps_per_repeat``
 steps each. A configuration is plain Horovod (``sparse_as_dense`` false/true,
 :mod:`baselines`) or parallax_nb's runtime with a plan file (AR, PS, HYBRID, AUTO).
@@ -32,9 +32,9 @@ import counters  # noqa: E402
 
 
 def make_job(spec: dict):
-    from parallax_nb.workloads import cnn_job, lm_job
+    from parallax_nb.workloads import cnn_job, lm_job, recommender_job
 
-    factory = {"lm": lm_job, "cnn": cnn_job}[spec["workload"]]
+    factory = {"lm": lm_job, "cnn": cnn_job, "recommender": recommender_job}[spec["workload"]]
     return factory(spec["size"], batch_size=spec["batch_size"], optimizer=spec.get("optimizer", "sgd"),
                    **spec.get("overrides", {}))
 

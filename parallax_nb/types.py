@@ -560,3 +560,60 @@ class Collective:
     def time_s(self, fit) -> float:
         """Seconds of these calls under ``fit`` (a :class:`~parallax_nb.calibration.CollectiveFit`)."""
         return self.count * fit.latency_s + self.handed_bytes * 8.0 / fit.bandwidth_bps
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    """What one machine's network link carries per step, as its kernel counters count it
+    (received + sent): the cost model's ``payload_bytes``, the TCP/IP and Ethernet headers of
+    its segments and their ACKs (``framing_bytes``), and Horovod's coordination traffic
+    during the step (``coordination_bytes``). ``total_bytes`` is their sum; ``coordination``
+    says where its rate came from ("uncalibrated: 0" without a measurement)."""
+
+    payload_bytes: float
+    framing_bytes: float
+    coordination_bytes: float
+    step_time_s: float
+    coordination: str
+
+    @property
+    def total_bytes(self) -> float:
+        return self.payload_bytes + self.framing_bytes + self.coordination_bytes
+
+    def to_dict(self) -> dict:
+        return {"payload_bytes": self.payload_bytes, "framing_bytes": self.framing_bytes,
+                "coordination_bytes": self.coordination_bytes, "total_bytes": self.total_bytes,
+                "step_time_s": self.step_time_s, "coordination": self.coordination}
+
+
+@dataclass(frozen=True)
+class StepTimeCheck:
+    """A run's step time against the estimate of what it executed.
+
+    ``predicted_step_time_s``: :func:`parallax_nb.cost.estimate_executed` for the run's
+    topology; ``measured_step_time_s``: the run's median step time over ``measured_steps``
+    (e.g. "steps 2-30": the first step, which traces and allocates, is left out);
+    ``error_pct = 100 * (measured - predicted) / predicted``; ``basis`` says how the
+    prediction was made (calibrated or not, on which cluster)."""
+
+    predicted_step_time_s: float
+    measured_step_time_s: float
+    measured_steps: str
+    basis: str
+
+    @property
+    def error_pct(self) -> float | None:
+        if not self.predicted_step_time_s or self.measured_step_time_s is None:
+            return None
+        return 100.0 * (self.measured_step_time_s - self.predicted_step_time_s) / self.predicted_step_time_s
+
+    def line(self) -> str:
+        """``step time: predicted 120.0 ms, measured 131.5 ms (median of steps 2-30), +9.6 %``"""
+        pct = self.error_pct
+        return (f"step time: predicted {self.predicted_step_time_s * 1e3:.1f} ms, measured "
+                f"{self.measured_step_time_s * 1e3:.1f} ms (median of {self.measured_steps}), "
+                + ("error n/a" if pct is None else f"{pct:+.1f} %") + f" [{self.basis}]")
+
+    def to_dict(self) -> dict:
+        return {"predicted_step_time_s": self.predicted_step_time_s, "measured_step_time_s": self.measured_step_time_s,
+                "measured_steps": self.measured_steps, "error_pct": self.error_pct, "basis": self.basis}

@@ -251,6 +251,8 @@ def _api_cases():
          r"step_timeout_s must be a positive number of seconds, got -1"),
         ("run-resume-without-folder", lambda: px.run(job, None, engines=2, steps=2, resume=True, display=False),
          r"resume=True needs checkpoint_dir"),
+        ("run-calibration-path", lambda: px.run(job, None, engines=2, steps=2, calibration="cal.json", display=False),
+         r"calibration must be a parallax_nb Calibration, got str"),
     ]
 
 
@@ -258,7 +260,7 @@ API_IDS = ["batch-size-zero", "batch-size-negative", "batch-size-fraction", "bat
            "bandwidth-text", "bandwidth-negative", "model-not-callable", "data-one-argument",
            "optimizer-not-optimizer", "model-not-model", "data-not-dataset", "plan-of-other-model",
            "plan-unknown-method", "run-steps-zero", "run-engines-negative", "run-step-timeout-negative",
-           "run-resume-without-folder"]
+           "run-resume-without-folder", "run-calibration-path"]
 
 
 @pytest.mark.parametrize("case", API_IDS)

@@ -322,3 +322,24 @@ def test_assumptions_are_published_in_words():
 
     assert len(ASSUMPTIONS) >= 8 and all(isinstance(a, str) and a for a in ASSUMPTIONS)
     assert any("no overlap" in a for a in ASSUMPTIONS) and any("union" in a for a in ASSUMPTIONS)
+
+
+def test_link_bytes_are_payload_with_tcp_framing_and_calibrated_coordination():
+    """cost.link: full 1,448-byte segments under 66 header bytes, an ACK per two segments
+    (1 + 99 / 1448 = 1.068370); Horovod's coordination only with a calibration."""
+    from parallax_nb.calibration import Calibration
+    from parallax_nb.cost.link import framing_factor, predict_link_bytes
+
+    assert framing_factor() == pytest.approx(1.068370, rel=1e-6)
+    assert framing_factor(segment_bytes=8948) == pytest.approx(1 + 99 / 8948)   # a 9,000-byte jumbo MTU
+    bare = predict_link_bytes(1_000_000.0, 0.1)
+    assert bare.total_bytes == pytest.approx(1_068_370.0, rel=1e-6) and bare.coordination_bytes == 0.0
+    assert bare.coordination.startswith("uncalibrated")
+    measured = Calibration(machines=2, workers_per_machine=2, coordination_bytes_per_s=670_000.0, where="here")
+    assert predict_link_bytes(1_000_000.0, 0.1, measured).coordination_bytes == pytest.approx(67_000.0)
+    defaults = Calibration.defaults(2, 2, 1e9, 25e-6)
+    assert predict_link_bytes(1_000_000.0, 0.1, defaults).coordination.startswith("uncalibrated defaults")
+    with pytest.raises(ConfigError, match="step_time_s must be a finite number >= 0, got -1"):
+        predict_link_bytes(1.0, -1)
+    with pytest.raises(ConfigError, match="segment_bytes must be a whole number >= 1, got 0"):
+        framing_factor(segment_bytes=0)

@@ -306,8 +306,10 @@ def test_unsupported_optimizer_options_are_refused_by_name(two_ranks):
 def test_unserialisable_model_leaves_loadable_weights(tmp_path):
     """The CLI on a subclassed model without get_config: exit 0, a warning that says how to load
     the weights, model.weights.h5 equal to the last checkpoint, no partial file; ``Run.model``
-    rebuilds the same subclassed model from the weights."""
+    rebuilds the same subclassed model from the weights; the summary says predicted against
+    measured step time."""
     import json
+    import re
     import subprocess
     import sys
 
@@ -321,6 +323,9 @@ def test_unserialisable_model_leaves_loadable_weights(tmp_path):
                           timeout=600, env=rank_environment(), cwd=os.path.dirname(__file__))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "warning: Keras cannot save the whole model" in proc.stderr and "model.load_weights(" in proc.stderr
+    # the summary's predicted against measured step time (--arch plans from a quick profile)
+    assert re.search(r"parallax_nb run: step time: predicted [\d.]+ ms, measured [\d.]+ ms \(median of steps 2-3\), "
+                     r"[+-][\d.]+ % \[estimate of what ran on 2 machine\(s\) x 1 rank\(s\)", proc.stderr), proc.stderr[-3000:]
     names = {p.name for p in out.iterdir()}
     assert {"model.weights.h5", "run.json", "history.csv", "checkpoints"} <= names and "model.keras" not in names
     assert not [n for n in names if n.startswith(".tmp")], names  # no partial file left

@@ -238,6 +238,13 @@ def test_a_run_gives_measured_against_predicted_with_percent_errors(lm_profile, 
     with open(files.csv, newline="", encoding="utf-8") as f:
         row = {r["name"]: r for r in csv.DictReader(f)}[sparse[0]]
     assert float(row["error_pct_run"]) == pytest.approx(10.0)
+    # the step time, predicted for what ran against the run's median after the warm-up step, on every face
+    assert time_row["quantity"] == "step time (median of steps 2-5, the first step left out as warm-up)"
+    assert measured["step_time"]["measured_steps"] == "steps 2-5" and "uncalibrated" in measured["step_time"]["basis"]
+    assert float(row["step_time_error_pct_run"]) == pytest.approx(50.0)
+    assert float(row["measured_step_time_s_run"]) == pytest.approx(run["step_time_s_median"])
+    assert "+50.0%" in [r[3] for r in Tables(rep.html()).tables["measured"]]
+    assert "measured: the median of steps 2-5." in rep.html()
 
 
 def test_a_run_with_other_methods_is_predicted_with_the_runs_methods(lm_profile, lm_plan):
@@ -288,7 +295,7 @@ def test_a_run_without_measured_steps_shows_unknown_times(lm_profile, lm_plan):
     assert time_row["measured"] is None and time_row["error_pct"] is None
     assert "NaN" not in rep.to_json()
     shown = Tables(rep.html()).tables["measured"][2]
-    assert shown[0] == "step time (median)" and shown[2:] == ["n/a", "n/a"]
+    assert shown[0].startswith("step time (median of steps 2-5") and shown[2:] == ["n/a", "n/a"]
 
 
 def test_bad_inputs_raise_clear_errors(lm_profile, lm_plan, lm_report, tmp_path):
@@ -362,6 +369,10 @@ def test_report_of_a_real_two_rank_run(lm_profile, tmp_path, test_output_dir):
     assert bytes_row["error_pct"] == pytest.approx(100 * (bytes_row["measured"] / bytes_row["predicted"] - 1))
     assert abs(bytes_row["error_pct"]) < 25, bytes_row  # same units and basis: per rank, sent + received, per step
     assert time_row["measured"] == summary["step_time_s_median"] and time_row["error_pct"] is not None
+    assert summary["measured_steps"] == [2, 4] and "median of steps 2-4" in time_row["quantity"]
+    assert time_row["error_pct"] == pytest.approx(100 * (time_row["measured"] / time_row["predicted"] - 1))
+    print(f"\ntiny LM HYBRID, 2 ranks on one host: step time predicted {time_row['predicted'] * 1e3:.1f} ms, "
+          f"measured {time_row['measured'] * 1e3:.1f} ms ({time_row['error_pct']:+.0f} %)")
     rows = {v["name"]: v for v in measured["variables"]}
     assert set(rows) == set(lm_profile.names)
     for var in lm_profile.variables:
@@ -386,3 +397,25 @@ def test_environment_facts_read_as_text_with_units(lm_report):
         if key.endswith("_s"):
             assert re.fullmatch(r"[\d.e+-]+ s", value) and len(value) <= 9, (key, value)
     assert "&lt;ranks&gt;" not in page and "<ranks>" not in page
+
+
+def test_cli_step_time_line_names_the_steps_and_the_missing_profile(lm_profile, lm_plan):
+    """`python -m parallax_nb run`'s summary line: the estimate of what ran against the median
+    of the steps after the first; without a profile it says how to get a prediction."""
+    from parallax_nb import cost
+    from parallax_nb.cli.run import step_time_summary
+    from parallax_nb.report.build import executed_of
+
+    run = dict(run_summary_for(lm_profile, lm_plan, 2, {}, 0.0), step_time_s_median=0.25, measured_steps=[2, 5])
+    executed = executed_of(run, lm_profile, lm_plan)
+    run["executed_plan"] = executed.to_dict()
+    predicted = cost.estimate_executed(lm_profile, executed, lm_plan.cluster.replace(
+        machines=executed.machines, workers_per_machine=executed.workers_per_machine,
+        local_aggregation=executed.local_aggregation)).step_time_s
+    line = step_time_summary(lm_profile, lm_plan, run)
+    assert line.startswith(f"step time: predicted {predicted * 1e3:.1f} ms, measured 250.0 ms (median of steps 2-5), "
+                           f"{100 * (0.25 / predicted - 1):+.1f} %"), line
+    assert "no prediction (pass --profile profile.json" in step_time_summary(None, lm_plan, run)
+    other = dataclasses.replace(lm_profile, variables=(dataclasses.replace(lm_profile.variables[0], name="other/w"),
+                                                       *lm_profile.variables[1:]))    # a profile of another model
+    assert step_time_summary(other, lm_plan, run).startswith("step time: no prediction (the executed plan")

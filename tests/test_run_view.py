@@ -351,3 +351,72 @@ def test_every_long_wait_names_its_phase_within_a_second():
                   "training", "gathering the trained weights", "done in"):
         assert phase in run_phases, (phase, run_phases)
     assert any("stopping the engines" in t for t in seen["cluster-stop"])
+
+
+def _executed_toy(plan, machines: int, workers: int):
+    from parallax_nb.executed import ExecutedPlan, ExecutedVariable
+
+    return ExecutedPlan(architecture=plan.architecture.value, ranks=machines * workers, machines=machines,
+                        workers_per_machine=workers, local_aggregation=workers > 1,
+                        variables=tuple(ExecutedVariable(v.name, v.method, _profile()[v.name].kind, v.partitions)
+                                        for v in plan.variables))
+
+
+def test_step_time_predicted_against_measured_after_the_run(planned_run):
+    """Once done, the view shows the estimate of what ran beside the median step time of
+    steps 2.. (step 1, the warm-up, left out), with the error in %."""
+    from parallax_nb import cost
+
+    run, plan = planned_run
+    view = RunView(run, redraw_s=0.0)
+    times = {1: 2.0, 2: 0.05, 3: 0.07, 4: 0.06}
+    records = [dict(_record(s, 5.0 - s / 10), step_time_s=t) for s, t in times.items()]
+    run.add_records(records)
+    assert run.step_time_check() is None and "step time:" not in view.status.value   # not done yet
+    executed = _executed_toy(plan, 2, 1)
+    run.finish(summary={"steps": 4, "executed_plan": executed.to_dict()}, history=records)
+    check = run.step_time_check()
+    assert check.measured_step_time_s == pytest.approx(0.06) and check.measured_steps == "steps 2-4"
+    expected = cost.estimate_executed(_profile(), executed, plan.cluster.replace(machines=2, workers_per_machine=1))
+    assert check.predicted_step_time_s == pytest.approx(expected.step_time_s)
+    assert check.error_pct == pytest.approx(100 * (0.06 / expected.step_time_s - 1))
+    assert "uncalibrated" in check.basis
+    assert f"measured 60.0 ms (median of steps 2-4), {check.error_pct:+.1f} %" in view.status.value
+    assert check.line() in view.status_text()
+    # a profile of another model gives no prediction, and the view still draws
+    import dataclasses
+
+    run.profile = dataclasses.replace(_profile(), variables=(
+        dataclasses.replace(_profile().variables[0], name="other/embeddings"), *_profile().variables[1:]))
+    assert run.step_time_check() is None and "step time:" not in RunView(run).status_text()
+
+
+def test_link_table_shows_payload_framing_and_coordination_beside_the_counters():
+    """On 2 machines x 2 engines: per machine the link's counters beside the prediction, made of
+    the cost model's payload for the machine, TCP/IP framing (x 1.0684) and the calibration's
+    coordination rate times the run's median step time."""
+    from parallax_nb.calibration import Calibration
+
+    profile = _profile()
+    plan = make_plan(profile, ClusterSpec.create(machines=2, workers_per_machine=2), architecture="hybrid")
+    calibration = Calibration(machines=2, workers_per_machine=2, coordination_bytes_per_s=100_000.0, where="test")
+    run = Run(plan=plan, steps=3, engines=4, profile=profile, calibration=calibration)
+    run.hosts = ["m0", "m0", "m1", "m1"]
+    for rank in (0, 2):
+        run.add_records([dict(_record(s, 1.0), step_time_s=0.1 if s > 1 else 3.0, link_bytes=10_000 * s,
+                              link_packets=10 * s) for s in (1, 2, 3)], rank=rank)
+    payload = plan.bytes_per_machine_per_step
+    prediction = run.link_prediction()
+    assert prediction.payload_bytes == pytest.approx(payload)
+    assert prediction.framing_bytes == pytest.approx(payload * 0.068370, rel=1e-5)
+    assert prediction.coordination_bytes == pytest.approx(100_000.0 * 0.1)
+    assert run.predicted_link_bytes_per_step() == pytest.approx(payload * 1.068370 + 10_000.0, rel=1e-6)
+    view = RunView(run, redraw_s=0.0)
+    table = view.bytes_table.value
+    for text in ("+ TCP/IP framing", "+ coordination", "m0", "m1", "coordination 100 KB/s, calibrated on test"):
+        assert text in table, text
+    uncalibrated = Run(plan=plan, steps=3, engines=4, profile=profile)
+    uncalibrated.hosts = run.hosts
+    uncalibrated.add_records(run.records, rank=0)
+    assert uncalibrated.link_prediction().coordination_bytes == 0.0
+    assert "uncalibrated" in uncalibrated.link_prediction().coordination

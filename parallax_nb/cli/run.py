@@ -6,7 +6,8 @@ Rank 0 leaves in DIR: ``model.keras`` (the trained single-device model; ``model.
 with a warning when Keras cannot serialise the model), ``history.csv`` (one
 row per step and rank: loss, examples/s, step time, bytes sent and received by that rank),
 ``run.json`` (the run summary, schema ``parallax_nb.run``), ``plan.json`` (the plan executed)
-and ``checkpoints/``.
+and ``checkpoints/``; its summary on stderr ends with the predicted against the measured step
+time (:func:`step_time_summary`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from ..errors import ConfigError, DistributedError
+from ..errors import ConfigError, DistributedError, ParallaxError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-if-present", action="store_true",
                         help="like --resume, but start from step 0 when OUTPUT/checkpoints holds no checkpoint")
     parser.add_argument("--profile", help="profile.json of this job: its peak memory sizes the check of this host's "
-                                          "memory against the ranks asked for")
+                                          "memory against the ranks asked for, and the summary predicts the step "
+                                          "time from it")
     parser.add_argument("--force", action="store_true",
                         help="start even when the ranks asked for exceed this host's cores or memory")
     parser.add_argument("--partitions", default=None,
@@ -190,15 +192,17 @@ def _argv_of(args) -> list[str]:
 
 
 def _plan_on_rank(job, args, info):
-    """The plan every rank executes: the file, or planned on rank 0 from a quick profile and
-    broadcast (so every rank runs the same plan)."""
+    """``(plan, profile)``: the plan every rank executes (the file, or planned on rank 0 from a
+    quick profile and broadcast, so every rank runs the same plan) and, on rank 0, the profile
+    its step time is predicted from (``--profile``, else the quick profile; None without)."""
     from ..plan import Plan, make_plan, plan_for_kinds
     from ..types import ClusterSpec
     from .. import runtime  # noqa: F401
     from ..runtime.context import horovod
 
+    profile = _profile_file(args.profile) if info.rank == 0 else None
     if args.plan:
-        return Plan.from_json(args.plan)
+        return Plan.from_json(args.plan), profile
     hvd = horovod()
     text = None
     if info.rank == 0:
@@ -212,7 +216,9 @@ def _plan_on_rank(job, args, info):
         try:
             from ..profile import profile_job
 
-            plan = make_plan(profile_job(job, steps=5, warmup=1), cluster, architecture)
+            quick = profile_job(job, steps=5, warmup=1)
+            plan = make_plan(quick, cluster, architecture)
+            profile = profile or quick
         except ImportError:
             from ..runtime.reference import variable_kinds
 
@@ -220,7 +226,43 @@ def _plan_on_rank(job, args, info):
         text = plan.to_json()
     if info.size > 1:
         text = hvd.broadcast_object(text, root_rank=0, name="px_cli_plan")
-    return Plan.from_json(text)
+    return Plan.from_json(text), profile
+
+
+def _profile_file(path: str | None):
+    """The Profile in ``--profile``, or None when none was given or it is not a full profile
+    (a file with only ``peak_memory_bytes`` still sizes the memory check)."""
+    if not path:
+        return None
+    from ..types import Profile
+
+    try:
+        return Profile.from_json(path)
+    except Exception:  # noqa: BLE001 - no prediction, said in the summary
+        return None
+
+
+def step_time_summary(profile, plan, summary: dict, calibration=None) -> str:
+    """The CLI's line of predicted against measured step time: the estimate of what the ranks
+    executed on their topology (:func:`parallax_nb.cost.against_run.check_step_time`, with the
+    plan's bandwidth and latency) against the median over the steps after the first."""
+    if profile is None:
+        return "step time: no prediction (pass --profile profile.json, or plan with --arch)"
+    from ..cost.against_run import check_step_time
+    from ..executed import ExecutedPlan
+    from ..types import ClusterSpec
+
+    ran = ExecutedPlan.from_dict(summary["executed_plan"])
+    spec = (plan.cluster or ClusterSpec(machines=1)).replace(
+        machines=ran.machines, workers_per_machine=ran.workers_per_machine, local_aggregation=ran.local_aggregation)
+    steps = summary.get("measured_steps") or []
+    steps_text = f"steps {steps[0]}-{steps[1]}" if len(steps) == 2 and steps[1] > steps[0] else \
+        (f"step {steps[-1]}" if steps else "no step")
+    try:
+        check = check_step_time(profile, ran, spec, summary["step_time_s_median"], steps_text, calibration)
+    except ParallaxError as e:   # a --profile of another model: the run itself succeeded
+        return f"step time: no prediction ({e.message})"
+    return check.line() if check is not None else "step time: no step was measured"
 
 
 def _rank_main(args) -> int:
@@ -236,7 +278,7 @@ def _rank_main(args) -> int:
             from .. import progress
 
             progress.listen(progress.terminal_listener(prefix="parallax_nb run:"))
-        plan = _plan_on_rank(job, args, info)
+        plan, profile = _plan_on_rank(job, args, info)
         search = None
         if args.partitions == "auto":
             from ..runtime.partition_search import search_partitions
@@ -247,7 +289,7 @@ def _rank_main(args) -> int:
             plan = plan.with_methods({}, partitions={n: search.best for n in plan.ps_variables})
         elif args.partitions is not None:
             plan = plan.with_methods({}, partitions={n: int(args.partitions) for n in plan.ps_variables})
-        _train_and_write(job, plan, args, info, search)
+        _train_and_write(job, plan, args, info, search, profile)
     except BaseException as exc:  # noqa: BLE001 - report, then let mpirun stop the other ranks
         report_rank_failure(exc, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
         sys.stderr.flush()
@@ -258,7 +300,7 @@ def _rank_main(args) -> int:
     return 0
 
 
-def _train_and_write(job, plan, args, info, search) -> None:
+def _train_and_write(job, plan, args, info, search, profile=None) -> None:
     from ..jsonfile import atomic_write_text
     from ..runtime.context import horovod
     from ..runtime.trainer import train
@@ -293,6 +335,7 @@ def _train_and_write(job, plan, args, info, search) -> None:
     for change in result.executed_plan.change_lines() if result.executed_plan is not None else ():
         print(f"parallax_nb run: the run changed the plan: {change}", file=sys.stderr, flush=True)
     atomic_write_text(os.path.join(args.output, "run.json"), json.dumps(summary, indent=2))
+    print(f"parallax_nb run: {step_time_summary(profile, plan, summary)}", file=sys.stderr, flush=True)
     plan.to_json(os.path.join(args.output, "plan.json"))
 
 

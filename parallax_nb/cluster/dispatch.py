@@ -277,7 +277,7 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
         checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
         step_timeout_s: float | None = None, wait: bool = True, display: bool = True,
         profile=None, train_fn: Callable | None = None, stop_grace_s: float = STOP_GRACE_S,
-        failure_grace_s: float = FAILURE_GRACE_S) -> Run:
+        failure_grace_s: float = FAILURE_GRACE_S, calibration=None) -> Run:
     """Train ``job`` with ``plan`` on ``engines`` MPI engines for ``steps`` steps.
 
     ``plan`` None means HYBRID (PS for sparse variables, AR for dense) from the variable
@@ -295,6 +295,9 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
     display:          show the live :class:`~parallax_nb.widgets.run_view.RunView` (in IPython).
     profile:          the job's Profile, if known: the view then shows the bytes per step the
                       cost model predicts for this run's engines next to the measured ones.
+    calibration:      a :class:`~parallax_nb.calibration.Calibration` of the engines' cluster:
+                      the predicted step time and link bytes shown after the run use it
+                      (without one they are uncalibrated).
     train_fn:         advanced: a function with ``runtime.train``'s signature to run instead.
     stop_grace_s / failure_grace_s: how long engines get to stop by themselves (after
                       ``stop()``, or after one rank failed) before they are killed and restarted.
@@ -318,9 +321,16 @@ def run(job, plan=None, engines: int = 2, steps: int = 100, *, cluster: Cluster 
     if cluster is not None and cluster.n != engines:
         raise ConfigError(f"the cluster has {cluster.n} engines but engines={engines}",
                           hint=f"pass engines={cluster.n} or a cluster of {engines} engines")
+    if calibration is not None:
+        from ..calibration import Calibration
+
+        if not isinstance(calibration, Calibration):
+            raise ConfigError(f"calibration must be a parallax_nb Calibration, got {type(calibration).__name__}",
+                              hint="measure one with px.calibrate(...) or load it with Calibration.from_json(path)")
     architecture = plan.get("architecture") if isinstance(plan, dict) else getattr(
         getattr(plan, "architecture", None), "value", None)
-    the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture, profile=profile)
+    the_run = Run(job=job, plan=plan, steps=steps, engines=engines, architecture=architecture, profile=profile,
+                  calibration=calibration)
     _last_run = the_run
     if display:       # at once: the start-up phases below are shown while they happen
         _display(the_run)

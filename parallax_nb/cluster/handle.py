@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import DistributedError
+from ..errors import DistributedError, ParallaxError
 
 STARTING, RUNNING, STOPPING, DONE, STOPPED, FAILED = "starting", "running", "stopping", "done", "stopped", "failed"
 FINISHED = (DONE, STOPPED, FAILED)
@@ -60,14 +60,18 @@ class Run:
     :meth:`summary`, :attr:`model`, :attr:`error`; actions: :meth:`wait`, :meth:`stop`.
     ``steps`` is the number of steps asked for; ``plan`` the plan it runs (or None);
     ``engines`` the number of engines (MPI ranks); ``profile`` (optional) the job's profile,
-    used to predict bytes per step for this run's topology.
+    used to predict bytes per step and step time for this run's topology; ``calibration``
+    (optional) a :class:`~parallax_nb.calibration.Calibration` of the cluster, used by those
+    predictions (without one they are uncalibrated).
     """
 
     def __init__(self, job: Any = None, plan: Any = None, steps: int = 0, engines: int = 0,
-                 architecture: str | None = None, profile: Any = None):
+                 architecture: str | None = None, profile: Any = None, calibration: Any = None):
         self.job = job
         self.plan = plan
         self.profile = profile
+        self.calibration = calibration
+        self.cluster = None                      # set by dispatch: the Cluster the engines run on
         self.steps = int(steps)
         self.engines = int(engines)
         self.architecture = architecture
@@ -264,11 +268,64 @@ class Run:
         return out
 
     def predicted_link_bytes_per_step(self) -> float | None:
-        """Bytes per step the cost model predicts for each machine's link (a rank's prediction
-        times engines per machine), or None without a prediction."""
+        """Bytes per step each machine's link is predicted to carry, as its kernel counters
+        count them (:meth:`link_prediction`'s total), or None without a prediction."""
+        prediction = self.link_prediction()
+        return prediction.total_bytes if prediction is not None else None
+
+    def link_prediction(self):
+        """:class:`~parallax_nb.types.LinkBytes` of one machine's link per step
+        (:func:`parallax_nb.cost.link.predict_link_bytes`): the cost model's payload (a rank's
+        prediction times engines per machine) with TCP/IP framing, plus the calibration's
+        Horovod coordination rate times this run's measured median step time (the seconds are
+        the run's, so the comparison tests the bytes, not the time model); None without a
+        prediction or on one machine."""
         predicted = self.predicted_bytes_by_variable()
         machines = self.machines
-        return sum(predicted.values()) * machines[1] if predicted and machines else None
+        if not predicted or not machines:
+            return None
+        from ..cost.link import predict_link_bytes
+
+        return predict_link_bytes(sum(predicted.values()) * machines[1], self.measured_step_time_s() or 0.0,
+                                  self.calibration)
+
+    def measured_step_time_s(self) -> float | None:
+        """Median step time of rank 0 over its steps after the first (the first traces and
+        allocates), seconds; the whole history when it has one step; None before any step."""
+        import statistics
+
+        times = [r["step_time_s"] for r in self.records if r.get("step_time_s") is not None]
+        measured = times[1:] if len(times) > 1 else times
+        return float(statistics.median(measured)) if measured else None
+
+    def step_time_check(self):
+        """Predicted against measured step time once the run is done
+        (:class:`~parallax_nb.types.StepTimeCheck`, :func:`parallax_nb.cost.against_run.check_step_time`):
+        the estimate of what the ranks executed on their topology (the emulated network's or
+        the plan's bandwidth), with this run's calibration, against the run's median step time
+        after the first step. None while it runs, without ``profile=`` or without steps."""
+        if self.profile is None or self._summary is None or not self.records:
+            return None
+        from ..executed import ExecutedPlan
+
+        executed = self._summary.get("executed_plan")
+        if not executed:
+            return None
+        from ..cost.against_run import check_step_time, measured_steps_text
+        from ..types import ClusterSpec
+
+        ran = ExecutedPlan.from_dict(executed)
+        planned = getattr(self.plan, "cluster", None) or ClusterSpec(machines=1)
+        emulated = getattr(getattr(self.cluster, "network", None), "bandwidth_bps", None)
+        spec = planned.replace(machines=ran.machines, workers_per_machine=ran.workers_per_machine,
+                               local_aggregation=ran.local_aggregation,
+                               **({"bandwidth_bps": emulated} if emulated else {}))
+        records = self.records
+        try:
+            return check_step_time(self.profile, ran, spec, self.measured_step_time_s(),
+                                   measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration)
+        except ParallaxError:   # a profile of another model: no prediction, the run stands
+            return None
 
     def predicted_bytes_by_variable(self) -> dict[str, float]:
         """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.

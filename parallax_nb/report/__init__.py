@@ -26,7 +26,8 @@ __all__ = ["report", "Report", "ReportFiles", "SCHEMA", "SCHEMA_VERSION", "load_
 CSV_COLUMNS = ("name", "kind", "shape", "dtype", "size_bytes", "alpha",
                *(f"{key}_bytes_per_step" for key in RECORDED_COSTS), "method", "partitions")
 CSV_MEASURED_COLUMNS = ("run_method", "predicted_bytes_per_step_run", "measured_bytes_per_step_run",
-                        "error_pct_run")
+                        "error_pct_run", "predicted_step_time_s_run", "measured_step_time_s_run",
+                        "step_time_measured_steps_run", "step_time_error_pct_run")
 _SPREADSHEET_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -87,12 +88,15 @@ class Report:
         return self._fragment
 
     def to_csv(self) -> str:
-        """One row per variable; with a run, the run's per-variable predicted and measured bytes too.
+        """One row per variable; with a run, the run's per-variable predicted and measured bytes too,
+        and on every row the run's predicted and measured step time (``*_step_time_s_run``, the
+        steps measured, and the step time's error in ``step_time_error_pct_run``).
 
         A name that a spreadsheet would read as a formula (starting with ``= + - @``) is
         prefixed with ``'`` so that opening the CSV cannot run it.
         """
         measured = {v["name"]: v for v in (self._data.get("measured") or {}).get("variables", [])}
+        step_time = (self._data.get("measured") or {}).get("step_time") or {}
         columns = CSV_COLUMNS + (CSV_MEASURED_COLUMNS if self._data.get("measured") else ())
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -103,6 +107,11 @@ class Report:
             if m:
                 row.update(run_method=m["method"], predicted_bytes_per_step_run=m["predicted_bytes_per_step"],
                            measured_bytes_per_step_run=m["measured_bytes_per_step"], error_pct_run=m["error_pct"])
+            if step_time:
+                row.update(predicted_step_time_s_run=step_time["predicted_step_time_s"],
+                           measured_step_time_s_run=step_time["measured_step_time_s"],
+                           step_time_measured_steps_run=step_time["measured_steps"],
+                           step_time_error_pct_run=step_time["error_pct"])
             writer.writerow([_csv_cell(row.get(c)) for c in columns])
         return out.getvalue()
 

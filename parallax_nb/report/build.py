@@ -124,6 +124,9 @@ def validate_run(summary, source: str = "run summary") -> dict:
             raise ConfigError(f"{source}: field 'local_aggregation' must be true or false, "
                               f"got {summary['local_aggregation']!r}")
         clean["local_aggregation"] = summary["local_aggregation"]
+    steps = summary.get("measured_steps")
+    if isinstance(steps, list) and len(steps) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in steps):
+        clean["measured_steps"] = list(steps)   # [first, last] step of the median step time
     if isinstance(summary.get("batch_norm"), dict):  # written by runs that know their BatchNorm layers
         clean["batch_norm"] = dict(summary["batch_norm"])
     if "executed_plan" in summary:  # written by runs that record what they executed
@@ -342,10 +345,12 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
     """Predicted and measured bytes per rank per step (in all and per variable) and step time.
 
     The prediction charges what the run executed (:func:`executed_of`), on :func:`run_cluster`,
-    priced by ``calibration`` when it is of the run's shape (else the defaults). See the module
-    docstring for the basis.
+    priced by ``calibration`` when it is of the run's shape (else the defaults). The step times are
+    :func:`parallax_nb.cost.against_run.check_step_time`'s: the estimate against the run's median
+    over its steps after the first. See the module docstring for the basis.
     """
     from .. import cost
+    from ..cost.against_run import calibration_of_shape, check_step_time, measured_steps_text
 
     warnings = []
     run_vars = run["variables"]
@@ -359,9 +364,13 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
     executed = executed_of(run, profile, plan)
     workers, aggregated = run_topology(run)
     spec = run_cluster(planned_cluster(plan), run["ranks"], workers, aggregated)
-    same_shape = calibration is not None and (calibration.machines, calibration.workers_per_machine) == \
-        (spec.machines, spec.workers_per_machine)
-    est = cost.estimate_executed(profile, executed, spec, calibration=calibration if same_shape else None)
+    est = cost.estimate_executed(profile, executed, spec, calibration=calibration_of_shape(spec, calibration))
+    if "measured_steps" in run:
+        first, last = run["measured_steps"]
+        steps_text = f"steps {first}-{last}" if last > first else f"step {last}"
+    else:
+        steps_text = measured_steps_text(1, run["steps"])
+    step_time = check_step_time(profile, executed, spec, run["step_time_s_median"], steps_text, calibration)
     if run["batch_size_per_rank"] != profile.batch_size:
         warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
                         f"batch {profile.batch_size}: the prediction's alpha and compute time are for the profiled batch")
@@ -371,9 +380,9 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
         {"quantity": "bytes sent + received per machine per step", "unit": "bytes",
          "predicted": _number(est.bytes_per_machine_per_step), "measured": _number(measured_total),
          "error_pct": _number(error_pct(est.bytes_per_machine_per_step, measured_total))},
-        {"quantity": "step time (median)", "unit": "s", "predicted": _number(est.step_time_s),
-         "measured": _number(run["step_time_s_median"]),
-         "error_pct": _number(error_pct(est.step_time_s, run["step_time_s_median"]))},
+        {"quantity": f"step time (median of {steps_text}, the first step left out as warm-up)", "unit": "s",
+         "predicted": _number(est.step_time_s), "measured": _number(run["step_time_s_median"]),
+         "error_pct": _number(step_time.error_pct if step_time else None)},
     ]
     per_variable = []
     for c, method in zip(est.variables, est.methods):
@@ -399,6 +408,7 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
         "executed_plan": executed.to_dict(),
         "prediction_cluster": _cluster_data(spec),
         "prediction": _estimate_data(est),
+        "step_time": step_time.to_dict() if step_time else None,
         "totals": totals,
         "variables": per_variable,
         "warnings": warnings,

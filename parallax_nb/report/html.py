@@ -276,6 +276,14 @@ def _plan_changes(executed: dict | None) -> str:
     return f'<h3>What the run changed from the plan</h3><ul class="plan-changes">{items}</ul>'
 
 
+def _step_time_basis(step_time: dict | None) -> str:
+    """How the run's step time was predicted and which steps were measured."""
+    if not step_time:
+        return ""
+    return (f'<p class="step-time-basis muted">Step time: predicted by the {esc(step_time["basis"])}; measured: '
+            f'the median of {esc(step_time["measured_steps"])}.</p>')
+
+
 def _measured(data: dict) -> str:
     m = data.get("measured")
     if not m:
@@ -301,6 +309,7 @@ def _measured(data: dict) -> str:
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
             f"<p>{esc(m['basis'])}</p>{_plan_changes(m.get('executed_plan'))}"
             f'<div class="scroll"><table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table></div>'
+            f'{_step_time_basis(m.get("step_time"))}'
             f'<h3>Per variable (bytes sent + received per machine per step)</h3>'
             f'<div class="scroll"><table class="measured-variables"><thead>{head}</thead><tbody>{per_var}</tbody></table></div>'
             f'<p class="muted">error = (measured - predicted) / predicted.</p>')

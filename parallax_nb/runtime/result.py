@@ -139,6 +139,7 @@ class TrainResult:
             "batch_norm": self.batch_norm or {"layers": [], "statistics": "none"},
             "sparse_gradients": SPARSE_GRADIENT_SEMANTICS,
             "step_time_s_median": median([r.step_time_s for r in measured]),
+            "measured_steps": [measured[0].step, measured[-1].step] if measured else [],
             "examples_per_s_median": median([r.examples_per_s for r in measured]),
             "final_loss": float(self.history[-1].loss) if self.history else float("nan"),
             "variables": variables,

@@ -6,7 +6,9 @@ the model", "tracing the training step", then steps, then "gathering the trained
 a Stop button wired to ``run.stop()``, a note when the plan was made for another cluster,
 charts of loss, throughput (examples/s over all ranks, smoothed, raw values faint behind)
 and bytes per step (measured on rank 0, sent + received, next to the cost model's
-prediction for this run), and a per-variable table of predicted vs measured bytes per step.
+prediction for this run), a per-variable table of predicted vs measured bytes per step, per
+machine the link's bytes (kernel counters) beside their prediction, and, once the run is done,
+its median step time beside the estimate of what it executed (:meth:`Run.step_time_check`).
 
 The Run is the model: the dispatcher's thread feeds it and the view subscribes with
 ``run.observe``. Cheap widgets (progress, status) update on every change; the SVG charts are
@@ -111,15 +113,31 @@ def render_bytes_table(rows: list[dict]) -> str:
 
 def render_link_table(run) -> str:
     """Per machine: the bytes per step its network link carried (the kernel's counters, read by
-    the engines) next to the cost model's prediction for one machine; "" when not measured."""
+    the engines) next to the prediction for one machine (:meth:`Run.link_prediction`: payload,
+    TCP/IP framing, Horovod's coordination); "" when not measured."""
     measured = run.link_bytes_per_step()
     if not measured:
         return ""
-    predicted = run.predicted_link_bytes_per_step()
-    body = [[style.name_cell(host), format_bytes(predicted) if predicted else "-", format_bytes(value),
-             f"{value / predicted:.2f}" if predicted else "-"] for host, value in measured.items()]
-    return style.html_table(["machine", "predicted link / step", "link counters / step", "measured / predicted"],
-                            body)
+    prediction = run.link_prediction()
+    predicted = prediction.total_bytes if prediction is not None else None
+
+    def fmt(x):
+        return format_bytes(x) if x is not None else "-"
+
+    body = [[style.name_cell(host), fmt(prediction and prediction.payload_bytes),
+             fmt(prediction and prediction.framing_bytes), fmt(prediction and prediction.coordination_bytes),
+             fmt(predicted), format_bytes(value), f"{100.0 * (value - predicted) / predicted:+.1f} %" if predicted else "-"]
+            for host, value in measured.items()]
+    table = style.html_table(["machine", "payload", "+ TCP/IP framing", "+ coordination", "predicted link / step",
+                              "link counters / step", "error"], body)
+    return table + (style.note("link prediction: " + style.esc(prediction.coordination)) if prediction is not None else "")
+
+
+def step_time_text(run) -> str | None:
+    """``step time: predicted 120.0 ms, measured 131.5 ms (median of steps 2-30), +9.6 % [...]``
+    once the run is done with a profile (:meth:`Run.step_time_check`), else None."""
+    check = run.step_time_check() if hasattr(run, "step_time_check") else None
+    return check.line() if check is not None else None
 
 
 class RunView(SnapshotDisplay, widgets.VBox):
@@ -219,6 +237,10 @@ class RunView(SnapshotDisplay, widgets.VBox):
         if run.batch_norm_note:
             parts.append(run.batch_norm_note)
         parts.extend(f"plan changed: {change}" for change in run.plan_changes)
+        if run.done:
+            step_time = step_time_text(run)
+            if step_time:
+                parts.append(step_time)
         return " | ".join(parts)
 
     def status_html(self) -> str:

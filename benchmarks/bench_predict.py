@@ -1,0 +1,288 @@
+"""Plans proven against time: predict first, then run, then print both side by side.
+
+For each setting (workload x network), in one invocation:
+
+1. **predict** with the cost model, before anything runs: the step time of every
+   configuration (:func:`parallax_nb.cost.compare_architectures`, plain Horovod and
+   ``sparse_as_dense`` without local aggregation) and the bytes one machine's link carries per
+   step as its kernel counters count them (:func:`parallax_nb.cost.link.predict_link_bytes`:
+   payload x TCP/IP framing + Horovod's coordination rate x the predicted step time). With a
+   calibration (``--calibration FILE`` for its cluster shape, or ``--calibrate``: measured
+   per setting with ``px.calibrate`` where that API is installed) the estimate is calibrated;
+   otherwise it uses the documented defaults and every row says "uncalibrated";
+2. **run** every configuration (:mod:`bench_comm`'s launch: the ranks in network namespaces,
+   :mod:`worker` on every rank, :mod:`counters` for the links);
+3. **print** predicted against measured step time (median over the timed windows), predicted
+   against measured link bytes per machine (on loopback, where there is no link: bytes per
+   rank through ``lo``, against the payload), and whether AUTO's plan was the measured
+   fastest configuration or within 5 % of it.
+
+Settings: workloads ``lm`` (LM realistic, :data:`bench_comm.WORKLOADS`), ``cnn``,
+``recommender``; networks ``loop2``, ``loop4`` (2 or 4 ranks on one machine) and emulated
+``MxG@BANDWIDTH``; configurations AR, PS, HYBRID, AUTO, plain Horovod and ``sparse_as_dense``.
+
+The default grid is sized for about 15 minutes on 2 cores (every workload at ``loop2``,
+``loop4``, ``2x2@100Mbit/s`` and ``2x2@1Gbit/s``, without ``sparse_as_dense``; an estimate from
+its parts, measured one invocation each: benchmarks/README.md). It leaves out ``2x2@10Gbit/s``
+and ``4x2@1Gbit/s`` (8 ranks on 2 cores), which ``--networks all`` adds, and
+``sparse_as_dense``, which ``--configs all`` adds (its densified tables make an LM step seconds
+long).
+
+    python benchmarks/bench_predict.py --quick                     # tiny workloads: the harness
+    python benchmarks/bench_predict.py --workloads lm --networks 2x2@1Gbit/s --json out.json --markdown out.md
+
+Needs root (network namespaces), Open MPI and Horovod. Every run is kept in the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import bench_comm  # noqa: E402
+import report  # noqa: E402
+from parallax_nb.errors import ConfigError  # noqa: E402
+from parallax_nb.types import PLAIN_HOROVOD, SPARSE_AS_DENSE, ClusterSpec  # noqa: E402
+
+WORKLOADS = {
+    "lm": bench_comm.WORKLOADS["lm"],
+    "cnn": bench_comm.WORKLOADS["cnn"],
+    "recommender": dict(workload="recommender", size="small", batch_size=64, overrides={}),
+}
+QUICK = {"lm": bench_comm.QUICK["lm"], "cnn": bench_comm.QUICK["cnn"],
+         "recommender": dict(workload="recommender", size="tiny", batch_size=16, overrides={})}
+DEFAULT_NETWORKS = ("loop2", "loop4", "2x2@100Mbit/s", "2x2@1Gbit/s")
+FULL_NETWORKS = ("loop2", "loop4", "2x2@100Mbit/s", "2x2@1Gbit/s", "2x2@10Gbit/s", "4x2@1Gbit/s")
+QUICK_NETWORKS = ("loop2", "2x2@1Gbit/s")
+DEFAULT_CONFIGS = ("ar", "ps", "hybrid", "auto", "horovod")
+QUICK_CONFIGS = ("ar", "hybrid", "auto", "horovod")
+ESTIMATE_KEY = {"ar": "ar", "ps": "ps", "hybrid": "hybrid", "auto": "auto", "horovod": PLAIN_HOROVOD,
+                "sparse_as_dense": SPARSE_AS_DENSE}
+AUTO_WITHIN = 0.05
+LOOPBACK_BANDWIDTH = "100Gbit/s"   # what the model assumes between ranks of one machine, uncalibrated
+
+
+def parse_setting_network(text: str) -> tuple[int, int, str | None]:
+    """``"loop4"`` -> (1 machine, 4 ranks, no bandwidth); ``"2x2@1Gbit/s"`` as :func:`bench_comm.parse_network`."""
+    if text.startswith("loop"):
+        try:
+            ranks = int(text[4:])
+        except ValueError:
+            ranks = 0
+        if ranks < 1:
+            raise ConfigError(f"cannot read network {text!r}", hint="loopback is loopN, e.g. loop2")
+        return 1, ranks, None
+    return bench_comm.parse_network(text)
+
+
+def model_cluster(machines: int, workers: int, bandwidth: str | None) -> ClusterSpec:
+    """The cluster the prediction is for: the emulated machines (local aggregation on), or on
+    loopback each rank taken as a machine (as the runtime does on one host)."""
+    if bandwidth is None:
+        return ClusterSpec.create(machines=workers, workers_per_machine=1, bandwidth=LOOPBACK_BANDWIDTH)
+    return ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth)
+
+
+def setting_calibration(args, spec: dict, network: str, machines: int, workers: int, bandwidth: str | None):
+    """``(Calibration or None, how)``: ``--calibration`` when it is for this shape, else one
+    measured now with ``px.calibrate`` (``--calibrate``, when that API is installed), else None."""
+    from parallax_nb.calibration import Calibration
+
+    shape = (workers, 1) if bandwidth is None else (machines, workers)
+    if args.calibration:
+        cal = Calibration.from_json(args.calibration)
+        if (cal.machines, cal.workers_per_machine) == shape:
+            return cal, cal.label
+    if args.calibrate:
+        try:
+            from parallax_nb.calibrate import calibrate
+        except ImportError:
+            return None, "uncalibrated (px.calibrate is not installed)"
+        import worker
+
+        try:
+            cal = calibrate(np=machines * workers, emulate=None if bandwidth is None else network,
+                            job=worker.make_job(spec), workers_per_machine=1 if bandwidth is None else None)
+        except Exception as e:  # noqa: BLE001 - the benchmark goes on uncalibrated and says why
+            return None, f"uncalibrated (calibrate failed: {type(e).__name__}: {e})"
+        return cal, cal.label
+    return None, "uncalibrated (defaults)"
+
+
+def predict(profile, machines: int, workers: int, bandwidth: str | None, configs: list[str], calibration) -> dict:
+    """Per configuration, before running: the estimate's step time and payload, and the link
+    bytes per machine per step (``link``; on loopback the payload per rank, ``lo`` has no framing
+    worth the name)."""
+    from parallax_nb import cost
+    from parallax_nb.cost.link import predict_link_bytes
+
+    spec = model_cluster(machines, workers, bandwidth)
+    extra = {"calibration": calibration}
+    ours = cost.compare_architectures(profile, spec, include_horovod=True, **extra)
+    out = {}
+    for c in configs:
+        est = ours[ESTIMATE_KEY[c]]   # the baselines' entries model Horovod as users run it
+        if bandwidth is None:
+            link = {"payload_bytes": est.bytes_per_machine_per_step, "total_bytes": est.bytes_per_machine_per_step}
+        else:
+            link = predict_link_bytes(est.bytes_per_machine_per_step, est.step_time_s, calibration).to_dict()
+        out[c] = {"step_time_s": est.step_time_s, "link": link}
+    return out
+
+
+def measured(config: dict, on_network: bool) -> dict:
+    """Median step time over the timed windows, and the link's bytes per machine per step (on
+    loopback: kernel bytes per rank per step)."""
+    windows = config.get("windows") or []
+    if not windows:
+        return {"step_time_s": None, "link_bytes": None}
+    key = "kernel_link_bytes_per_machine_per_step" if on_network else "kernel_bytes_per_rank_per_step"
+    return {"step_time_s": statistics.median(1.0 / w["steps_per_s"] for w in windows),
+            "link_bytes": statistics.median(w[key] for w in windows)}
+
+
+def error_pct(predicted, measured_value):
+    if not predicted or measured_value is None:
+        return None
+    return 100.0 * (measured_value - predicted) / predicted
+
+
+def compare_setting(prediction: dict, run: dict, on_network: bool) -> dict:
+    """Rows of predicted against measured, and the AUTO verdict."""
+    rows = {}
+    for c, p in prediction.items():
+        result = run["configs"].get(c, {"error": "not run"})
+        m = measured(result, on_network) if "error" not in result else {"step_time_s": None, "link_bytes": None}
+        rows[c] = {"predicted_step_time_s": p["step_time_s"], "measured_step_time_s": m["step_time_s"],
+                   "step_time_error_pct": error_pct(p["step_time_s"], m["step_time_s"]),
+                   "predicted_link_bytes": p["link"]["total_bytes"], "measured_link_bytes": m["link_bytes"],
+                   "link_error_pct": error_pct(p["link"]["total_bytes"], m["link_bytes"]),
+                   "link_prediction": p["link"], "same_as": result.get("same_as"), "error": result.get("error")}
+    times = {c: r["measured_step_time_s"] for c, r in rows.items() if r["measured_step_time_s"] is not None}
+    verdict = None
+    if "auto" in times and len(times) > 1:
+        fastest = min(times, key=times.get)
+        behind = times["auto"] / times[fastest] - 1.0
+        verdict = {"fastest": fastest, "auto_behind_pct": 100.0 * behind,
+                   "ok": fastest == "auto" or behind <= AUTO_WITHIN}
+    return {"rows": rows, "auto": verdict}
+
+
+def _ms(x):
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def _kb(x):
+    return "-" if x is None else f"{x / 1e3:,.1f}"
+
+
+def _pct(x):
+    return "-" if x is None else f"{x:+.1f} %"
+
+
+def markdown(doc: dict) -> str:
+    """One table: a row per setting and configuration."""
+    lines = ["| workload | network | config | step predicted (ms) | step measured (ms) | error | "
+             "link pred. (KB/step) | link measured (KB/step) | error | AUTO within 5 % of fastest | calibration |",
+             "|---|---|---|--:|--:|--:|--:|--:|--:|---|---|"]
+    for s in doc["settings"]:
+        verdict = s["comparison"]["auto"]
+        auto_text = "-" if verdict is None else (
+            f"{'yes' if verdict['ok'] else 'NO'} (fastest {verdict['fastest']}, AUTO {verdict['auto_behind_pct']:+.1f} %)")
+        for c, r in s["comparison"]["rows"].items():
+            name = c + (f" (= {r['same_as']})" if r["same_as"] else "") + (" FAILED" if r["error"] else "")
+            lines.append(f"| {s['workload']} | {s['network']} | {name} | {_ms(r['predicted_step_time_s'])} | "
+                         f"{_ms(r['measured_step_time_s'])} | {_pct(r['step_time_error_pct'])} | "
+                         f"{_kb(r['predicted_link_bytes'])} | {_kb(r['measured_link_bytes'])} | "
+                         f"{_pct(r['link_error_pct'])} | {auto_text if c == 'auto' else ''} | {s['calibration']} |")
+    return "\n".join(lines)
+
+
+def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) -> dict:
+    machines, workers, bandwidth = parse_setting_network(network)
+    calibration, how = setting_calibration(args, spec, network, machines, workers, bandwidth)
+    prediction = predict(profile, machines, workers, bandwidth, args.configs, calibration)
+    print(f"== {name} {network}: predicted first ({how}): "
+          + ", ".join(f"{c} {p['step_time_s'] * 1e3:.1f} ms" for c, p in prediction.items()), flush=True)
+    run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
+                                 args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir)
+    comparison = compare_setting(prediction, run, bandwidth is not None)
+    return {"workload": name, "network": network, "calibration": how,
+            "calibration_figures": calibration.to_dict() if calibration is not None else None,
+            "prediction": prediction, "run": run, "comparison": comparison}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=sorted(WORKLOADS))
+    parser.add_argument("--networks", nargs="+", default=None,
+                        help=f"loopN or MxG@BANDWIDTH, or 'all' ({' '.join(FULL_NETWORKS)}); "
+                             f"default {' '.join(DEFAULT_NETWORKS)}")
+    parser.add_argument("--configs", nargs="+", default=None,
+                        help=f"of {' '.join(ESTIMATE_KEY)}, or 'all'; default {' '.join(DEFAULT_CONFIGS)}")
+    parser.add_argument("--calibration", help="a calibration.json; used for the settings of its cluster shape")
+    parser.add_argument("--calibrate", action="store_true", help="calibrate every setting first with px.calibrate")
+    parser.add_argument("--quick", action="store_true", help="tiny workloads, loop2 and 2x2@1Gbit/s: the harness")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
+    parser.add_argument("--sad-steps", type=int, default=2)
+    parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--json", metavar="PATH", help="write every prediction and run here")
+    parser.add_argument("--markdown", metavar="PATH", help="write the table here")
+    parser.add_argument("--workdir")
+    args = parser.parse_args(argv)
+    networks = list(args.networks or (QUICK_NETWORKS if args.quick else DEFAULT_NETWORKS))
+    networks = list(FULL_NETWORKS) if networks == ["all"] else networks
+    configs = list(args.configs or (QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS))
+    args.configs = list(ESTIMATE_KEY) if configs == ["all"] else configs
+    for c in args.configs:
+        if c not in ESTIMATE_KEY:
+            raise ConfigError(f"unknown configuration {c!r}", hint=f"choose from {' '.join(ESTIMATE_KEY)} or all")
+    for n in networks:
+        parse_setting_network(n)
+    if os.geteuid() != 0:
+        print("bench_predict: needs root for the network namespaces", file=sys.stderr)
+        return 2
+    workdir = bench_comm.work_directory(args.workdir, "bench_predict")
+    started = time.monotonic()
+    settings = []
+    for name in args.workloads:
+        spec = (QUICK if args.quick else WORKLOADS)[name]
+        profile = bench_comm.profile_workload(spec, workdir, args.profile_steps)
+        for network in networks:
+            settings.append(run_one(args, name, spec, profile, network, workdir))
+    doc = {"schema": "parallax_nb.bench_predict", "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "command": " ".join(["benchmarks/bench_predict.py", *(argv if argv is not None else sys.argv[1:])]),
+           "machine": report.machine_description(), "wall_s": time.monotonic() - started, "quick": args.quick,
+           "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
+           "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads}, "settings": settings}
+    table = markdown(doc)
+    print()
+    print(table)
+    print(f"\n{doc['machine']}; {doc['wall_s']:.0f} s in all")
+    from parallax_nb.jsonfile import atomic_write_text
+
+    if args.json:
+        atomic_write_text(args.json, json.dumps(doc, indent=1))
+        print(f"wrote {args.json}")
+    if args.markdown:
+        schedule = doc["schedule"]
+        atomic_write_text(args.markdown, f"`{doc['command']}` on {doc['machine']}, {doc['finished_utc']}, "
+                                         f"{doc['wall_s']:.0f} s; measured step time = median over "
+                                         f"{schedule['repeats']} windows of {schedule['steps']} steps after "
+                                         f"{schedule['warmup']} warm-up steps\n\n{table}\n")
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

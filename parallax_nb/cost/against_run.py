@@ -1,0 +1,49 @@
+"""A run's measured step time against the estimate of what it executed, one way for every face.
+
+The run view, the report and the CLI summary all show the same comparison, made here:
+
+* predicted: :func:`parallax_nb.cost.estimate_executed` of the run's executed plan (each
+  variable's method and the kind it ran as) on the run's own topology (machines x ranks per
+  machine, local aggregation as executed), with the given bandwidth and latency and, when
+  given, the calibration (``calibration=``; without one the estimate is uncalibrated);
+* measured: the run's median step time over its steps after the first (the first step traces
+  the training function and allocates, and is left out as warm-up);
+* ``error % = 100 * (measured - predicted) / predicted``.
+
+Pure Python.
+"""
+from __future__ import annotations
+
+from ..types import StepTimeCheck
+
+
+def calibration_of_shape(cluster, calibration):
+    """``calibration`` when it was taken on ``cluster``'s shape (machines x ranks per machine),
+    else None: a run on another shape than the calibrated one is estimated with the defaults
+    (and its label says "uncalibrated") rather than refused, since the run already happened."""
+    if calibration is None or (calibration.machines, calibration.workers_per_machine) != \
+            (cluster.machines, cluster.workers_per_machine):
+        return None
+    return calibration
+
+
+def measured_steps_text(first_step: int, last_step: int) -> str:
+    """``"steps 2-30"``: the steps whose median is the measured step time (the first left out)."""
+    first = first_step + 1 if last_step > first_step else first_step
+    return f"step {last_step}" if first >= last_step else f"steps {first}-{last_step}"
+
+
+def check_step_time(profile, executed, cluster, measured_step_time_s: float, measured_steps: str,
+                    calibration=None) -> StepTimeCheck | None:
+    """:class:`StepTimeCheck` of a run (module docstring), or None when the run measured no step."""
+    from .estimate import estimate_executed
+
+    if measured_step_time_s is None or measured_step_time_s != measured_step_time_s:   # None or NaN
+        return None
+    est = estimate_executed(profile, executed, cluster, calibration=calibration_of_shape(cluster, calibration))
+    label = est.calibration
+    basis = (f"estimate of what ran on {cluster.machines} machine(s) x {cluster.workers_per_machine} rank(s) at "
+             f"{cluster.bandwidth}, {label}")
+    return StepTimeCheck(predicted_step_time_s=float(est.step_time_s),
+                         measured_step_time_s=float(measured_step_time_s),
+                         measured_steps=measured_steps, basis=basis)

@@ -1,0 +1,81 @@
+"""Link bytes as a machine's kernel counters see them: payload, framing and coordination.
+
+The cost model's bytes (:mod:`.model`) are **payload**: what the collectives hand to MPI and
+what crosses the machine's link on their behalf. The link also carries
+
+* the headers of every TCP segment and of the ACKs that answer them. On Ethernet with a
+  1,500-byte MTU a segment carries at most ``MSS = 1500 - 20 (IPv4) - 32 (TCP with the
+  timestamps option Linux sends) = 1,448`` payload bytes under ``H = 14 (Ethernet) + 20 + 32 =
+  66`` header bytes as the interface counters count a frame (no preamble, no FCS), and the
+  receiver ACKs every second full segment (delayed ACK) with a frame of ``H`` bytes::
+
+      framing_factor = 1 + H * (1 + 1 / SEGMENTS_PER_ACK) / MSS = 1 + 66 * 1.5 / 1448 = 1.0684
+
+  Segments are assumed full: many small messages (a recommender's short alltoalls) carry
+  more headers per payload byte, segmentation offload fewer;
+* Horovod's coordination: its background loop negotiates across the links every cycle
+  (``HOROVOD_CYCLE_TIME``, 1 ms by default) once Horovod runs, whether or not a step needs
+  it (measured on an idle emulated 1 Gbit/s link: ~670 KB/s, ~7,000 packets/s). Its rate,
+  bytes per second received + sent by one machine, comes from a
+  :class:`~parallax_nb.calibration.Calibration` (``coordination_bytes_per_s``, measured while
+  Horovod runs and nothing trains) and is charged for the step's duration. Without a
+  calibration it is 0 and the prediction says "uncalibrated".
+
+So, per machine per step (bytes received + sent)::
+
+    link_bytes = payload_bytes * framing_factor + coordination_bytes_per_s * step_time_s
+
+Pure Python.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import ConfigError
+from ..types import LinkBytes
+
+ETHERNET_HEADER_BYTES = 14
+IPV4_HEADER_BYTES = 20
+TCP_HEADER_BYTES = 32          # 20 + the 12-byte timestamps option
+MTU_BYTES = 1500
+TCP_SEGMENT_BYTES = MTU_BYTES - IPV4_HEADER_BYTES - TCP_HEADER_BYTES      # MSS, 1,448
+FRAME_HEADER_BYTES = ETHERNET_HEADER_BYTES + IPV4_HEADER_BYTES + TCP_HEADER_BYTES   # 66
+SEGMENTS_PER_ACK = 2
+
+
+def framing_factor(segment_bytes: int = TCP_SEGMENT_BYTES, header_bytes: int = FRAME_HEADER_BYTES,
+                   segments_per_ack: int = SEGMENTS_PER_ACK) -> float:
+    """Link bytes per payload byte: ``1 + header_bytes * (1 + 1 / segments_per_ack) / segment_bytes``
+    (1.0684 for full 1,448-byte segments under 66 header bytes, one ACK per two segments)."""
+    for name, value in (("segment_bytes", segment_bytes), ("header_bytes", header_bytes),
+                        ("segments_per_ack", segments_per_ack)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "header_bytes" else 1):
+            raise ConfigError(f"framing_factor: {name} must be a whole number >= "
+                              f"{0 if name == 'header_bytes' else 1}, got {value!r}")
+    return 1.0 + header_bytes * (1.0 + 1.0 / segments_per_ack) / segment_bytes
+
+
+def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibration=None) -> LinkBytes:
+    """What one machine's link carries per step, received + sent (module docstring):
+    ``payload * framing_factor() + coordination_bytes_per_s * step_time_s``.
+
+    ``payload_bytes_per_step``: the cost model's bytes per machine per step
+    (``Estimate.bytes_per_machine_per_step``); ``step_time_s``: the step's duration, seconds;
+    ``calibration``: a :class:`~parallax_nb.calibration.Calibration` whose
+    ``coordination_bytes_per_s`` is charged, or None (no coordination, "uncalibrated").
+    """
+    for name, value in (("payload_bytes_per_step", payload_bytes_per_step), ("step_time_s", step_time_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"predict_link_bytes: {name} must be a finite number >= 0, got {value!r}",
+                              hint="pass the estimate's bytes per machine per step and a step time in seconds")
+    payload = float(payload_bytes_per_step)
+    rate = float(getattr(calibration, "coordination_bytes_per_s", 0.0) or 0.0)
+    if calibration is None:
+        source = "uncalibrated: Horovod's coordination not counted (0 B/s)"
+    elif not getattr(calibration, "measured", True):
+        source = "uncalibrated defaults: Horovod's coordination not counted (0 B/s)"
+    else:
+        source = f"coordination {rate / 1e3:.0f} KB/s, {calibration.label}"
+    return LinkBytes(payload_bytes=payload, framing_bytes=payload * (framing_factor() - 1.0),
+                     coordination_bytes=rate * float(step_time_s), step_time_s=float(step_time_s),
+                     coordination=source)
