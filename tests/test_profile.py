@@ -344,3 +344,19 @@ def test_union_statistics_against_brute_force():
         consecutive = [np.unique(np.concatenate([batch_rows[i], state_rows[i]])) for i in range(k)]
         assert union_rows_by_workers([consecutive[i:i + 8] for i in range(k)], 8) == \
             pytest.approx(_union_means(consecutive, min(8, k)), rel=1e-12)
+
+
+def test_window_passes_only_where_a_step_changes_state(lm):
+    """The LM's step counter changes every step: its windows are read at one state (untimed
+    passes); the recommender's steps change no non-trainable variable: no pass, its windows
+    are its consecutive steps."""
+    from parallax_nb.profile import profile_job
+    from parallax_nb.workloads import recommender_job
+
+    _, prof = lm
+    assert prof.environment["window_rows_wall_s"] > 0
+    rec = profile_job(recommender_job("tiny"), steps=4, warmup=1)
+    assert rec.environment["window_rows_wall_s"] == 0
+    sparse = [v for v in rec.variables if v.is_sparse]
+    assert sparse and all(len(v.union_rows_by_workers) == 4 and v.union_rows_by_workers[3] >= v.union_rows_by_workers[0]
+                          for v in sparse)

@@ -86,7 +86,7 @@ def _make_rows_at_this_state(job: Job, model, variables, names, sparse_names):
 
     state = list(model.non_trainable_variables)
 
-    @tf.function
+    @tf.function(autograph=False)
     def rows_at_this_state(x, y):
         saved = [tf.identity(v.value) for v in state]
         with tf.GradientTape() as tape:
@@ -181,16 +181,19 @@ class _Recording:
     windows: dict = field(default_factory=dict)           # name -> per step: [own rows, next batches' rows at its state]
     step_times_s: list = field(default_factory=list)
     steps_cpu_s: float = 0.0                              # process CPU time of the profiled steps
+    window_rows_wall_s: float = 0.0                       # the untimed passes of the windows (trace included)
 
 
 def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: int,
                max_workers: int = 1) -> _Recording:
     """Trace once, then run ``warmup + steps`` steps, recording the profiled ones.
 
-    Before each profiled step, with sparse variables and ``max_workers`` > 1, the rows of the
-    next profiled batches (up to ``max_workers - 1``) are read at the step's state, untimed
-    (:func:`_make_rows_at_this_state`; windows of :func:`.stats.union_rows_by_workers`).
-    A bad batch among them is left to its own step, which names it."""
+    Before each profiled step, with sparse variables, ``max_workers`` > 1 and a first step
+    that changed a non-trainable variable, the rows of the next profiled batches (up to
+    ``max_workers - 1``) are read at the step's state, untimed (:func:`_make_rows_at_this_state`;
+    windows of :func:`.stats.union_rows_by_workers`); a bad batch among them is left to its
+    own step, which names it. A step that leaves the state alone gives each batch at step i's
+    state the rows of its own step: the windows are the consecutive steps, with no pass."""
     import tensorflow as tf
 
     variables = list(model.trainable_variables)
@@ -206,8 +209,13 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
         raise checks.step_error(e, model, first[0], 0) from None
     sparse_names = {n for n, kind in rec.kinds.items() if kind == "sparse"}
-    rows_at_this_state = (_make_rows_at_this_state(job, model, variables, names, sparse_names)
-                          if sparse_names and max_workers > 1 and steps > 1 else None)
+    rows_at_this_state = None
+    # the windows need passes only when a step changes the model's non-trainable state (a step
+    # counter, moving statistics): otherwise step i's state gives every batch the rows of its own step
+    state_before = ([v.numpy().copy() for v in model.non_trainable_variables]
+                    if sparse_names and max_workers > 1 and steps > 1 else None)
+    if state_before is not None and warmup == 0:   # step 0 is profiled before it shows whether state changes
+        rows_at_this_state = _make_rows_at_this_state(job, model, variables, names, sparse_names)
     batches = _Batches(iterator, job, first)
     for step in range(warmup + steps):
         progress.phase("profile", f"warm-up step {step + 1} of {warmup}" if step < warmup else
@@ -217,12 +225,15 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
         others = []
         if rows_at_this_state is not None and step >= warmup:
             ahead = batches.ahead(min(max_workers - 1, warmup + steps - 1 - step), step + 1)
+            window_start = time.perf_counter()
             try:
                 for j, batch in enumerate(ahead):
                     checks.check_no_negative_ids(batch[0], step + 1 + j)
                 others = [rows_at_this_state(*batch) for batch in ahead]
             except (ParallaxError, ValueError, TypeError, KeyError, IndexError, tf.errors.OpError):
                 others = []   # bad data in a later batch: its own step names it below
+            others = [{n: ids.numpy() for n, ids in rows.items()} for rows in others]
+            rec.window_rows_wall_s += time.perf_counter() - window_start
         t0, cpu0 = time.perf_counter(), time.process_time()
         try:
             loss, touched = train_step(x, y)
@@ -233,6 +244,13 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
         except (ValueError, TypeError, KeyError, IndexError, tf.errors.OpError) as e:
             raise checks.step_error(e, model, x, step) from None
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        if step == 0 and state_before is not None:
+            changed = any(not np.array_equal(before, v.numpy())
+                          for before, v in zip(state_before, model.non_trainable_variables))
+            if not changed:
+                rows_at_this_state = None
+            elif rows_at_this_state is None:
+                rows_at_this_state = _make_rows_at_this_state(job, model, variables, names, sparse_names)
         for name, (ids, _) in touched.items():
             checks.check_sparse_rows(name, ids, rows_by_name[name], step)
         if step < warmup:
@@ -246,7 +264,10 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
             rec.unique_rows.setdefault(name, []).append(ids)
             rec.index_counts.setdefault(name, []).append(count)
             rec.windows.setdefault(name, []).append(
-                [ids] + [np.sort(rows[name].numpy().astype(np.int64)) for rows in others])
+                [ids] + [np.sort(rows[name].astype(np.int64)) for rows in others])
+    if state_before is not None and rows_at_this_state is None:   # no state changes: consecutive steps
+        rec.windows = {name: [rows[i:i + max_workers] for i in range(len(rows))]
+                       for name, rows in rec.unique_rows.items()}
     return rec
 
 
@@ -299,6 +320,7 @@ def _profile(job: Job, steps: int, warmup: int, max_workers: int) -> Profile:
     no_gradient = [n for n, kind in rec.kinds.items() if kind == "none"]
     environment = _environment(meter.method, warmup, steps, float(sum(rec.step_times_s)), no_gradient, placement)
     environment["profiled_steps_cpu_s"] = rec.steps_cpu_s
+    environment["window_rows_wall_s"] = rec.window_rows_wall_s
     environment["statistics_wall_s"] = time.perf_counter() - stats_start
     return Profile(model_name=job.name, batch_size=job.batch_size, steps=steps,
                    step_time_s=float(np.median(rec.step_times_s)), peak_memory_bytes=meter.peak_bytes,
