@@ -17,9 +17,10 @@ Local aggregation needs the rows of G workers' batches *at one step*: they share
 (an LM's sampled candidates are drawn from a step counter, so all workers of a step draw the
 same ones). With sparse variables, before each profiled step the rows of the next profiled
 batches (up to ``max_workers - 1``) are evaluated at that step's state, without updating
-anything and outside the timed step (gradient ids only; TensorFlow prunes the rest). Measured
-on this project's 2-core machine: one pass of the tiny LM 0.9 ms against its 1.9 ms step, of
-the benchmarks' 100,000-word LM 12.5 ms against its 30 ms step, plus one trace (~0.4 s).
+anything and outside the timed step, by a graph pruned to the gradient ids; only when a step
+changes a non-trainable variable (else the consecutive steps are those windows). Measured on
+this project's 2-core machine: ~4 ms a pass for the benchmarks' 100,000-word LM against its
+30 ms step, plus one trace of ~0.45 s (``environment["window_rows_wall_s"]``).
 """
 from __future__ import annotations
 
@@ -75,29 +76,43 @@ def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict):
     return train_step
 
 
-def _make_rows_at_this_state(job: Job, model, variables, names, sparse_names):
-    """A ``tf.function`` ``(x, y) -> {name: unique rows}``: the rows the batch's gradient would
-    touch at the model's current state, with no update; the model's non-trainable variables
-    (step counters, moving statistics) are put back afterwards, so every batch evaluated
-    before a step sees the state the step's own batch sees, as the workers of one distributed
-    step do. Only the ids are returned, so TensorFlow prunes what they do not need (the
-    gradient values)."""
+def _make_rows_at_this_state(job: Job, model, variables, names, sparse_names, example):
+    """``(x, y) -> {name: unique rows}``: the rows the batch's gradient would touch at the
+    model's current state, with no update, so every batch evaluated before a step sees the
+    state the step's own batch sees, as the workers of one distributed step do.
+
+    The gradient is traced once into a graph (``wrap_function``, shapes of ``example``) that is
+    pruned to what its ids need (``prune``): the gather indices and what they are computed
+    from (a step counter's current value, the batch), not the layers' arithmetic nor the
+    gradient values, nor any assignment (a step counter's increment is not on the ids' path).
+    A model TensorFlow cannot wrap that way gets a ``tf.function`` that computes the whole
+    gradient and puts the non-trainable variables back."""
     import tensorflow as tf
 
+    def rows(x, y):
+        with tf.GradientTape() as tape:
+            loss = job.loss_value(model, x, y)
+        grads = tape.gradient(loss, variables)
+        return {name: tf.unique(tf.reshape(grad.indices, [-1]))[0] for name, grad in zip(names, grads)
+                if name in sparse_names and isinstance(grad, tf.IndexedSlices)}
+
+    spec = [tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), part) for part in example]
+    try:
+        wrapped = tf.compat.v1.wrap_function(rows, spec)
+        pruned = wrapped.prune(feeds=wrapped.inputs, fetches=wrapped.structured_outputs)
+        return lambda x, y: pruned(*tf.nest.flatten((x, y)))
+    except Exception:  # noqa: BLE001 - any model the v1 wrapper cannot trace: the whole gradient instead
+        pass
     state = list(model.non_trainable_variables)
 
     @tf.function(autograph=False)
     def rows_at_this_state(x, y):
         saved = [tf.identity(v.value) for v in state]
-        with tf.GradientTape() as tape:
-            loss = job.loss_value(model, x, y)
-        grads = tape.gradient(loss, variables)
-        rows = {name: tf.unique(tf.reshape(grad.indices, [-1]))[0] for name, grad in zip(names, grads)
-                if name in sparse_names and isinstance(grad, tf.IndexedSlices)}
-        with tf.control_dependencies(list(rows.values())):
+        out = rows(x, y)
+        with tf.control_dependencies(list(out.values())):
             for variable, value in zip(state, saved):
                 variable.assign(value)
-        return rows
+        return out
 
     return rows_at_this_state
 
@@ -181,7 +196,7 @@ class _Recording:
     windows: dict = field(default_factory=dict)           # name -> per step: [own rows, next batches' rows at its state]
     step_times_s: list = field(default_factory=list)
     steps_cpu_s: float = 0.0                              # process CPU time of the profiled steps
-    window_rows_wall_s: float = 0.0                       # the untimed passes of the windows (trace included)
+    window_rows_wall_s: float = 0.0                       # the untimed passes of the windows, their trace included
 
 
 def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: int,
@@ -214,8 +229,14 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     # counter, moving statistics): otherwise step i's state gives every batch the rows of its own step
     state_before = ([v.numpy().copy() for v in model.non_trainable_variables]
                     if sparse_names and max_workers > 1 and steps > 1 else None)
+    def window_passes():
+        start = time.perf_counter()
+        made = _make_rows_at_this_state(job, model, variables, names, sparse_names, first)
+        rec.window_rows_wall_s += time.perf_counter() - start
+        return made
+
     if state_before is not None and warmup == 0:   # step 0 is profiled before it shows whether state changes
-        rows_at_this_state = _make_rows_at_this_state(job, model, variables, names, sparse_names)
+        rows_at_this_state = window_passes()
     batches = _Batches(iterator, job, first)
     for step in range(warmup + steps):
         progress.phase("profile", f"warm-up step {step + 1} of {warmup}" if step < warmup else
@@ -250,7 +271,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
             if not changed:
                 rows_at_this_state = None
             elif rows_at_this_state is None:
-                rows_at_this_state = _make_rows_at_this_state(job, model, variables, names, sparse_names)
+                rows_at_this_state = window_passes()
         for name, (ids, _) in touched.items():
             checks.check_sparse_rows(name, ids, rows_by_name[name], step)
         if step < warmup:
