@@ -34,6 +34,8 @@ _EXPORTS = {
     "make_plan": ("parallax_nb.plan", "make_plan"),
     "plan_for_kinds": ("parallax_nb.plan", "plan_for_kinds"),
     "estimate": ("parallax_nb.cost", "estimate"),
+    "calibrate": ("parallax_nb.calibrate", "calibrate"),
+    "Calibration": ("parallax_nb.calibration", "Calibration"),
     "compare_architectures": ("parallax_nb.cost", "compare_architectures"),
     "profile": ("parallax_nb.profile", "profile_job"),
     "plan": ("parallax_nb.planner", "plan"),

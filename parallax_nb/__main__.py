@@ -14,6 +14,7 @@ COMMANDS = {
     "plan": "plan per-variable PS/AR communication for a cluster from profile.json",
     "run": "train a Job on N MPI ranks with a plan (launches mpirun)",
     "report": "write an HTML/CSV/JSON cost report from a profile, a plan and a run",
+    "calibrate": "measure this cluster's collectives and a job's compute per step; write calibration.json",
     "doctor": "check the environment: TensorFlow, Horovod (TensorFlow + MPI), Open MPI",
     "quickstart": "execute the quickstart notebook headless and leave its cost report on disk",
 }

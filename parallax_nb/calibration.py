@@ -74,15 +74,19 @@ class CollectiveFit:
     """``t = latency_s + bytes / (bandwidth_bps / 8)`` for one call of one op in one scope.
 
     ``samples`` timed sizes were fitted; ``max_relative_error`` is the largest
-    ``|fit - measured| / measured`` among them (0 for defaults).
+    ``|fit - measured| / measured`` among them (0 for defaults); ``points`` the measured
+    ``(bytes per rank, seconds per call)`` pairs themselves (empty for defaults).
     """
 
     latency_s: float
     bandwidth_bps: float
     samples: int = 0
     max_relative_error: float = 0.0
+    points: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "points", tuple((_finite("point bytes", b), _finite("point seconds", t))
+                                                 for b, t in self.points))
         object.__setattr__(self, "latency_s", _finite("latency_s", self.latency_s))
         object.__setattr__(self, "bandwidth_bps", _finite("bandwidth_bps", self.bandwidth_bps, strict=True))
         object.__setattr__(self, "max_relative_error", _finite("max_relative_error", self.max_relative_error))
@@ -206,7 +210,8 @@ class Calibration:
             "schema": CALIBRATION_SCHEMA, "schema_version": CALIBRATION_SCHEMA_VERSION,
             "machines": self.machines, "workers_per_machine": self.workers_per_machine,
             "fits": {k: {"latency_s": f.latency_s, "bandwidth_bps": f.bandwidth_bps, "samples": f.samples,
-                         "max_relative_error": f.max_relative_error} for k, f in sorted(self.fits.items())},
+                         "max_relative_error": f.max_relative_error, "points": [list(p) for p in f.points]}
+                     for k, f in sorted(self.fits.items())},
             "compute_time_s": dict(sorted(self.compute_time_s.items())),
             "coordination_bytes_per_s": self.coordination_bytes_per_s,
             "coordination_packets_per_s": self.coordination_packets_per_s,
@@ -248,3 +253,35 @@ class Calibration:
     def from_json(cls, path_or_text: str) -> "Calibration":
         from .jsonfile import load_json
         return cls.from_dict(load_json(path_or_text, what="calibration"))
+
+
+def fit_collective(bytes_per_call, seconds_per_call) -> CollectiveFit:
+    """Fit ``t = latency_s + bytes * 8 / bandwidth_bps`` to timed calls of one op and scope.
+
+    Least squares on the *relative* error (each point weighted by ``1 / t_measured**2``), so
+    the small calls that fix the latency count as much as the large ones that fix the
+    bandwidth. Latency is kept >= 0: when the free fit gives a negative intercept, the line
+    through the origin is fitted instead. A slope <= 0 (times that do not grow with size, only
+    noise) gets the bandwidth at which the largest call's bytes take 1 % of the latency.
+    Needs at least two distinct sizes.
+    """
+    points = [(float(b), float(s)) for b, s in zip(bytes_per_call, seconds_per_call)]
+    if len({b for b, _ in points}) < 2 or any(not (s > 0 and math.isfinite(s)) or b < 0 for b, s in points):
+        raise ConfigError(f"a collective fit needs >= 2 distinct sizes and positive finite times, got {points!r}")
+    weights = [1.0 / (s * s) for _, s in points]
+    sw = sum(weights)
+    sx = sum(w * b for w, (b, _) in zip(weights, points))
+    sy = sum(w * s for w, (_, s) in zip(weights, points))
+    sxx = sum(w * b * b for w, (b, _) in zip(weights, points))
+    sxy = sum(w * b * s for w, (b, s) in zip(weights, points))
+    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    latency = (sy - slope * sx) / sw
+    if latency < 0:
+        latency, slope = 0.0, sxy / sxx
+    largest = max(b for b, _ in points)
+    if slope <= 0:
+        latency = sy / sw
+        slope = 0.01 * latency / largest
+    fit = CollectiveFit(latency, 8.0 / slope)
+    error = max(abs(fit.time_s(b) - s) / s for b, s in points)
+    return CollectiveFit(latency, 8.0 / slope, samples=len(points), max_relative_error=error, points=tuple(points))

@@ -63,12 +63,14 @@ def mpirun_executable() -> str:
 
 
 def mpirun_command(np: int, argv: Sequence[str], hostfile: str | None = None,
-                   extra_mca: dict[str, str] | None = None) -> list[str]:
+                   extra_mca: dict[str, str] | None = None, mpi_args: Sequence[str] = ()) -> list[str]:
     """The ``mpirun`` command that starts ``argv`` on ``np`` ranks.
 
     Without ``hostfile`` all ranks run on this machine; with one, ranks are placed by the
     hostfile and the environment in :data:`FORWARDED_ENV` is exported to remote hosts.
-    ``extra_mca`` adds ``--mca key value`` pairs (e.g. ``{"btl_tcp_if_include": "10.0.0.0/24"}``).
+    ``extra_mca`` adds ``--mca key value`` pairs (e.g. ``{"btl_tcp_if_include": "10.0.0.0/24"}``);
+    ``mpi_args`` more arguments before the program (an emulated network's
+    :meth:`~parallax_nb.netem.EmulatedCluster.transport_args`).
 
     All ranks on this machine: their bytes move through shared memory (``--mca btl
     self,vader``, as the cluster's engines do), so no rank opens Open MPI's TCP transport,
@@ -96,7 +98,7 @@ def mpirun_command(np: int, argv: Sequence[str], hostfile: str | None = None,
     for name in FORWARDED_ENV:
         if name in os.environ:
             cmd += ["-x", name]
-    return cmd + [str(a) for a in argv]
+    return cmd + [str(a) for a in mpi_args] + [str(a) for a in argv]
 
 
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -254,13 +256,14 @@ def _tail(text: str, lines: int = 60) -> str:
 
 def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwargs: dict | None = None,
                  timeout_s: float = 600.0, hostfile: str | None = None, env: dict[str, str] | None = None,
-                 echo: bool = False) -> list[Any]:
+                 echo: bool = False, mpi_args: Sequence[str] = ()) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on each of ``np`` MPI ranks; return the per-rank results.
 
     ``fn`` and its arguments travel with cloudpickle; results come back with pickle (use
     numpy arrays and plain values). Raises :class:`DistributedError` when a rank raises (its
     rank and traceback in the message), when mpirun fails, or after ``timeout_s`` seconds
-    (then every process started is killed).
+    (then every process started is killed). ``hostfile`` and ``mpi_args`` as in
+    :func:`mpirun_command`.
     """
     import cloudpickle
 
@@ -273,7 +276,7 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         with open(payload, "wb") as f:
             cloudpickle.dump((fn, tuple(args), dict(kwargs or {})), f)
         cmd = mpirun_command(np, [sys.executable, "-m", "parallax_nb.launch", "rank", payload, workdir],
-                             hostfile=hostfile)
+                             hostfile=hostfile, mpi_args=mpi_args)
         proc = start_mpirun(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}))
         pump = OutputPump(proc.stdout, echo)

@@ -82,8 +82,9 @@ class VariableProfile:
     ``rows`` is the first dimension (1 for a scalar); a step touches ``rows_touched_mean``
     unique rows on average (all rows for a dense variable). ``alpha_*`` = touched rows /
     rows, summarised over the steps. ``union_rows_by_workers[G-1]`` is the mean number of
-    unique rows touched by G consecutive batches: what a machine of G workers sends after
-    local aggregation (G = 1..8). ``grad_bytes_per_step`` is what one worker's gradient
+    unique rows touched by G consecutive batches evaluated at one step's state (the G workers
+    of a step share it, so rows drawn from the state, like sampled candidates, count once):
+    what a machine of G workers sends after local aggregation (G = 1..8). ``grad_bytes_per_step`` is what one worker's gradient
     occupies: values plus int64 indices for a sparse variable, the whole tensor for a dense one.
     """
 

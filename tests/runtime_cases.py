@@ -69,8 +69,15 @@ def _noting_placement(build, into: dict):
 
 
 def run_cases(cases: list[dict]) -> list[dict]:
+    """Every case in order; a case ``{"calibrate": kwargs}`` measures the collectives and the
+    compute of the LM instead (:func:`parallax_nb.runtime.calibrate.measure_on_rank`)."""
     results = []
     for case in cases:
+        if "calibrate" in case:
+            from parallax_nb.runtime.calibrate import measure_on_rank
+
+            results.append(measure_on_rank(job=make_job("lm", "sgd"), **case["calibrate"]))
+            continue
         if case.get("copy_checkpoint"):
             src, dst = case["copy_checkpoint"]
             from parallax_nb.runtime.context import rank_info

@@ -61,3 +61,54 @@ def test_bad_files_are_refused_with_the_value(change, words):
     with pytest.raises(ConfigError, match=None) as err:
         Calibration.from_dict(d)
     assert words in str(err.value)
+
+
+def test_fit_recovers_latency_and_bandwidth_and_keeps_the_points():
+    from parallax_nb.calibration import fit_collective
+
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    times = [2e-4 + b * 8 / 5e9 for b in sizes]
+    fit = fit_collective(sizes, times)
+    assert fit.latency_s == pytest.approx(2e-4) and fit.bandwidth_bps == pytest.approx(5e9)
+    assert fit.samples == 4 and fit.max_relative_error < 1e-9
+    assert [b for b, _ in fit.points] == sizes
+    noisy = fit_collective(sizes, [t * f for t, f in zip(times, (1.2, 0.9, 1.1, 1.0))])
+    assert 0.05 < noisy.max_relative_error < 0.5
+    back = Calibration.from_json(Calibration(1, 2, {"alltoall/all": noisy}).to_json())
+    assert back.fits["alltoall/all"] == noisy
+
+
+def test_fit_never_gives_a_negative_latency():
+    from parallax_nb.calibration import fit_collective
+
+    fit = fit_collective([1000, 2000, 4000], [1e-6, 2.5e-6, 5.5e-6])   # a line below the origin
+    assert fit.latency_s == 0.0 and fit.bandwidth_bps > 0
+    flat = fit_collective([1000, 1e6], [1e-3, 0.9e-3])                  # no growth with size: noise only
+    assert flat.latency_s > 0 and flat.time_s(1e6) < 1.02 * flat.latency_s
+    with pytest.raises(ConfigError, match="2 distinct sizes"):
+        fit_collective([1000, 1000], [1e-3, 2e-3])
+
+
+def _calibrate_cli(capsys, *argv):
+    from parallax_nb.__main__ import main
+
+    code = main(["calibrate", *argv])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--np", "0"), "number of ranks must be a whole number >= 1, got 0"),
+    (("--np", "2", "--hostfile", "/nonexistent/hosts.txt"), "hostfile '/nonexistent/hosts.txt' does not exist"),
+    (("--emulate", "2by2@1Gbit/s"), "cannot read the emulated network '2by2@1Gbit/s'"),
+    (("--emulate", "2x2@fast"), "fast"),
+    (("--emulate", "0x2@1Gbit/s"), "machines must be a whole number >= 1, got 0"),
+    (("--emulate", "2x2@1Gbit/s", "--np", "3"), "has 4 ranks but np=3"),
+    (("--emulate", "2x2@1Gbit/s", "--hostfile", __file__), "not both"),
+    (("--np", "4", "--workers-per-machine", "3"), "workers_per_machine must be a whole number >= 1 that divides np=4"),
+    (("--np", "2", "--job", "no_such_module_px:job"), "no_such_module_px"),
+])
+def test_cli_refuses_bad_input_before_anything_starts(capsys, tmp_path, argv, words):
+    out = tmp_path / "calibration.json"
+    code, err = _calibrate_cli(capsys, *argv, "-o", str(out))
+    assert code == 2 and words in err and "parallax_nb calibrate: error:" in err, err
+    assert not out.exists()

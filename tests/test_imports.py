@@ -30,7 +30,7 @@ ROOM_OF = {
     "profile": "profile",
     "cost": "cost", "plan": "cost", "executed": "cost", "planner": "cost",
     "runtime": "runtime",
-    "launch": "cluster", "cluster": "cluster", "netem": "cluster",
+    "launch": "cluster", "calibrate": "cluster", "cluster": "cluster", "netem": "cluster",
     "widgets": "widgets",
     "report": "report",
     "": "face", "__main__": "face", "cli": "face", "magics": "face",

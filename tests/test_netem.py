@@ -208,3 +208,24 @@ def test_bad_input_is_a_config_error(kwargs, needle):
 
     with pytest.raises(ConfigError, match=needle):
         EmulatedCluster(**kwargs)
+
+
+def _model_that_fails_on_the_ranks():
+    raise RuntimeError("model builder failed on purpose")
+
+
+def test_calibrate_on_an_emulated_network_removes_it_when_a_rank_fails():
+    """px.calibrate(emulate=...) whose ranks fail (the job's model cannot be built there): the
+    rank's error comes back and the namespaces it made are gone."""
+    import parallax_nb as px
+    from parallax_nb.errors import DistributedError
+    from parallax_nb.workloads import lm_job
+
+    def ours() -> set:
+        return {n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else []) if n.startswith("pxnb")}
+
+    before = ours()
+    job = lm_job("tiny").replace(model=_model_that_fails_on_the_ranks)
+    with pytest.raises(DistributedError, match="model builder failed on purpose"):
+        px.calibrate(emulate="2x1@1Gbit/s", job=job, timeout_s=180)
+    assert ours() - before == set()

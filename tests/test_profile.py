@@ -96,12 +96,18 @@ def test_softmax_alpha_and_union_match_targets_and_candidates(lm):
     sets = [np.unique(np.concatenate([targets.ravel(), candidates[s]]))
             for s, (_, targets) in enumerate(batches)][WARMUP:]
     alphas = np.array([s.size for s in sets]) / config.vocab_size
+    # G workers of one step share its candidates: batches i..i+G-1's targets plus step i's candidates
+    targets = [t.ravel() for _, t in batches[WARMUP:]]
+    shared = [np.mean([np.unique(np.concatenate(targets[i:i + g] + [candidates[WARMUP + i]])).size
+                       for i in range(STEPS - g + 1)]) for g in range(1, 9)]
     for name in ("softmax/softmax_w", "softmax/softmax_b"):
         v = prof[name]
         assert v.alpha_mean == pytest.approx(alphas.mean(), rel=1e-12), name
         assert v.alpha_p95 == pytest.approx(np.percentile(alphas, 95), rel=1e-12), name
         assert v.alpha_max == pytest.approx(alphas.max(), rel=1e-12), name
-        assert v.union_rows_by_workers == pytest.approx(_union_means(sets, 8), rel=1e-12), name
+        assert v.union_rows_by_workers == pytest.approx(shared, rel=1e-12), name
+    # counted once, the candidates leave fewer rows than G steps' candidates would
+    assert prof["softmax/softmax_w"].union_rows_by_workers[7] < _union_means(sets, 8)[7]
     # the candidates really matter: targets alone give a smaller alpha
     targets_only = np.mean([np.unique(t).size for _, t in batches[WARMUP:]]) / config.vocab_size
     assert prof["softmax/softmax_w"].alpha_mean > targets_only
@@ -320,12 +326,37 @@ def test_tied_table_is_dense():
 
 
 def test_union_statistics_against_brute_force():
+    """Windows of batches at one state: rows shared by a window's batches (one state's
+    candidates) count once; the last, shorter windows only count for the G they reach."""
     from parallax_nb.profile.stats import union_rows_by_workers
 
     rng = np.random.default_rng(0)
     for _ in range(30):
         k, rows = int(rng.integers(1, 20)), int(rng.integers(1, 2000))
-        sets = [np.unique(rng.integers(0, rows, int(rng.integers(0, 150)))) for _ in range(k)]
-        expected = _union_means(sets, min(8, k))
-        for chunk in (1 << 20, 5, 1):  # small chunks exercise the renumbered, chunked path
-            assert union_rows_by_workers(sets, rows, 8, chunk_columns=chunk) == pytest.approx(expected, rel=1e-12)
+        batch_rows = [rng.integers(0, rows, int(rng.integers(0, 150))) for _ in range(k)]
+        state_rows = [rng.integers(0, rows, 40) for _ in range(k)]
+        windows = [[np.unique(np.concatenate([batch_rows[j], state_rows[i]])) for j in range(i, min(i + 8, k))]
+                   for i in range(k)]
+        expected = [np.mean([np.unique(np.concatenate(batch_rows[i:i + g] + [state_rows[i]])).size
+                             for i in range(k - g + 1)]) for g in range(1, min(8, k) + 1)]
+        assert union_rows_by_workers(windows, 8) == pytest.approx(expected, rel=1e-12)
+        # the same rows taken at successive states count every state's rows
+        consecutive = [np.unique(np.concatenate([batch_rows[i], state_rows[i]])) for i in range(k)]
+        assert union_rows_by_workers([consecutive[i:i + 8] for i in range(k)], 8) == \
+            pytest.approx(_union_means(consecutive, min(8, k)), rel=1e-12)
+
+
+def test_window_passes_only_where_a_step_changes_state(lm):
+    """The LM's step counter changes every step: its windows are read at one state (untimed
+    passes); the recommender's steps change no non-trainable variable: no pass, its windows
+    are its consecutive steps."""
+    from parallax_nb.profile import profile_job
+    from parallax_nb.workloads import recommender_job
+
+    _, prof = lm
+    assert prof.environment["window_rows_wall_s"] > 0
+    rec = profile_job(recommender_job("tiny"), steps=4, warmup=1)
+    assert rec.environment["window_rows_wall_s"] == 0
+    sparse = [v for v in rec.variables if v.is_sparse]
+    assert sparse and all(len(v.union_rows_by_workers) == 4 and v.union_rows_by_workers[3] >= v.union_rows_by_workers[0]
+                          for v in sparse)

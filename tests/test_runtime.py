@@ -101,10 +101,17 @@ def local_aggregation_runs():
                   local_aggregation=False)]
     for case in cases:
         case["workers_per_machine"] = LA_WORKERS
+    # last: the calibration adds a Horovod process set per local index, which training never has
+    calibration = dict(calibrate=dict(workers_per_machine=LA_WORKERS))
     start = time.perf_counter()
-    per_rank = run_on_ranks(runtime_cases.run_cases, LA_MACHINES * LA_WORKERS, args=(cases,), timeout_s=1500)
-    print(f"\n4-rank (2 x 2) launch of {len(cases)} cases: {time.perf_counter() - start:.1f} s")
-    return cases, per_rank
+    per_rank = run_on_ranks(runtime_cases.run_cases, LA_MACHINES * LA_WORKERS, args=(cases + [calibration],),
+                            timeout_s=1500)
+    print(f"\n4-rank (2 x 2) launch of {len(cases) + 1} cases: {time.perf_counter() - start:.1f} s")
+    _CALIBRATION[LA_MACHINES * LA_WORKERS] = [r[-1] for r in per_rank]
+    return cases, [r[:-1] for r in per_rank]
+
+
+_CALIBRATION: dict = {}  # ranks -> per rank figures of the calibration run inside the launch above
 
 
 LA_MACHINES, LA_WORKERS = 2, 2
@@ -351,6 +358,30 @@ def test_local_aggregation_bytes_match_cost_model(local_aggregation_runs):
     assert compared >= 8
 
 
+def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
+    """px.calibrate's rank side on 4 ranks as 2 x 2: every op in every scope fitted with a
+    positive, finite latency and bandwidth; 4 MiB calls take longer than 4 KiB ones; the LM's
+    compute per step measured on every rank; the Calibration survives JSON."""
+    from parallax_nb.calibrate import combine, fits_table
+    from parallax_nb.calibration import Calibration
+
+    per_rank = _CALIBRATION[LA_MACHINES * LA_WORKERS]
+    calibration = combine(per_rank, "loopback, workers_per_machine=2")
+    print("\n" + fits_table(calibration))
+    assert (calibration.machines, calibration.workers_per_machine) == (LA_MACHINES, LA_WORKERS)
+    assert sorted(calibration.fits) == sorted(f"{op}/{scope}" for op in ("allreduce", "allgather", "alltoall")
+                                              for scope in ("all", "machine", "cross"))
+    for key, fit in calibration.fits.items():
+        assert math.isfinite(fit.latency_s) and fit.latency_s >= 0 and math.isfinite(fit.bandwidth_bps), key
+        assert fit.bandwidth_bps > 0 and fit.samples == 4, key
+        (small, t_small), *_, (large, t_large) = fit.points
+        assert large > small and t_large > t_small, (key, fit.points)
+    assert all(r["compute"]["model"] == "lm-tiny" and len(r["compute"]["steps_s"]) == 5 for r in per_rank)
+    assert calibration.compute_for("lm-tiny") == max(r["compute"]["median_step_s"] for r in per_rank) > 0
+    assert calibration.coordination_bytes_per_s == 0.0   # one host: no link to read
+    assert Calibration.from_json(calibration.to_json()) == calibration
+
+
 def test_resume_equals_uninterrupted(two_rank_runs):
     cases, per_rank = two_rank_runs
     full = next(i for i, c in enumerate(cases) if c.get("checkpoint_every"))
@@ -452,6 +483,30 @@ def test_cli_rejects_bad_input_before_mpirun(tmp_path):
     proc = _cli("parallax_nb.workloads:recommender_tiny", "--np", "2", "--steps", "2", "--output", str(tmp_path / "o"),
                 "--partitions", "zero", timeout=120)
     assert proc.returncode == 2 and "--partitions" in proc.stderr
+
+
+def test_cli_calibrate_on_two_ranks_prints_and_writes_the_fits(tmp_path):
+    """``python -m parallax_nb calibrate --np 2``: the fits printed, the JSON written and
+    readable; the wall time printed."""
+    import subprocess
+    import sys
+
+    from parallax_nb.calibration import Calibration
+    from parallax_nb.launch import rank_environment
+
+    out = tmp_path / "calibration.json"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "parallax_nb", "calibrate", "--np", "2", "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, env=rank_environment())
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    calibration = Calibration.from_json(str(out))
+    assert sorted(calibration.fits) == ["allgather/all", "allreduce/all", "alltoall/all"]
+    assert calibration.where == "loopback" and calibration.measured and calibration.created
+    for key in calibration.fits:
+        op, scope = key.split("/")
+        assert f"{op:<10} {scope:<8}" in proc.stdout
+    print(f"\n{proc.stdout}calibrate --np 2: {wall:.1f} s")
 
 
 def test_partition_fit_recovers_a_known_curve():

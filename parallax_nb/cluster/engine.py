@@ -42,14 +42,9 @@ def link_counters() -> tuple[int, int] | None:
     interface = os.environ.get(LINK_INTERFACE_ENV)
     if not interface:
         return None
-    totals = []
-    for unit in ("bytes", "packets"):
-        total = 0
-        for direction in ("rx", "tx"):
-            with open(f"/sys/class/net/{interface}/statistics/{direction}_{unit}") as f:
-                total += int(f.read())
-        totals.append(total)
-    return totals[0], totals[1]
+    from ..runtime.accounting import interface_totals
+
+    return interface_totals(interface)
 
 
 class StopFlag:

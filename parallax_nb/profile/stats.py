@@ -8,9 +8,12 @@ Definitions (k profiled steps, R = rows of the variable, S_s = unique rows touch
 
 - ``alpha_s = |S_s| / R`` (dimensionless, 0..1); mean, p50, p95 and max are over the k steps,
   percentiles with numpy's linear interpolation.
-- ``union_rows_by_workers[G-1] = mean over i of |S_i ∪ ... ∪ S_{i+G-1}|`` for every window of
-  G consecutive steps (k - G + 1 windows): the unique rows a machine of G workers sends after
-  local aggregation. Measured for G = 1 .. min(max_workers, k); longer windows are left to
+- ``union_rows_by_workers[G-1] = mean over i of |S(i, b_i) ∪ ... ∪ S(i, b_{i+G-1})|``, where
+  ``S(i, b)`` = rows touched by batch b at the state of step i, for every window of G
+  consecutive batches (k - G + 1 windows): the unique rows a machine of G workers sends
+  after local aggregation. The workers of one step share its state, so rows drawn from the
+  state rather than the batch (sampled candidates) count once per window. Measured for
+  G = 1 .. min(max_workers, k); longer windows are left to
   :meth:`parallax_nb.types.VariableProfile.alpha_for_workers` to extrapolate.
 - ``grad_bytes_per_step`` of a sparse variable = mean over steps of
   ``n_s * (row_bytes + 8)``, where n_s is the length of the gradient's index vector (each
@@ -39,44 +42,37 @@ def alpha_summary(touched_rows: Sequence[int], rows: int) -> dict[str, float]:
     }
 
 
-def union_rows_by_workers(unique_rows_per_step: Sequence[np.ndarray], rows: int,
-                          max_workers: int, chunk_columns: int = 1 << 20) -> tuple[float, ...]:
-    """Mean unique rows touched by G consecutive steps, for G = 1 .. min(max_workers, k).
+def union_rows_by_workers(windows: Sequence[Sequence[np.ndarray]], max_workers: int) -> tuple[float, ...]:
+    """Mean unique rows of G workers' batches at one step state, for G = 1 .. max_workers.
 
-    Vectorised: ``counts[s, u]`` = how many of the first s steps touched row u (a cumulative
-    sum over steps), and row u is in the window ``[i, i+G)`` iff
-    ``counts[i+G, u] - counts[i, u] > 0``. Columns are the rows of the table, or for a table
-    of more than ``chunk_columns`` rows the touched rows renumbered 0..U-1, processed at most
-    ``chunk_columns`` at a time (columns are independent): memory <= (k+1) x chunk int32.
+    ``windows[i]`` holds the unique row ids of consecutive batches ``i, i+1, ...`` all
+    evaluated at the state of profiled step i (its first entry is step i's own rows): the
+    G workers of one distributed step see the same state, so rows that come from the state
+    and not from the batch (an LM's sampled-softmax candidates, drawn from a step counter)
+    count once per window, batch rows once per batch. ``union[G-1]`` is the mean over the
+    windows with at least G batches (the last windows of a profile are shorter); G stops at
+    the longest window.
     """
-    k = len(unique_rows_per_step)
-    g_max = min(int(max_workers), k)
-    if g_max == 0:
-        return ()
-    sizes = [ids.size for ids in unique_rows_per_step]
-    all_ids = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in unique_rows_per_step])
-    steps_of = np.repeat(np.arange(k), sizes)
-    if rows <= chunk_columns:  # small table: the row id is the column
-        column, touched_rows = all_ids, int(rows)
-    else:  # large table: renumber the touched rows 0..U-1
-        _, column = np.unique(all_ids, return_inverse=True)
-        touched_rows = int(column.max()) + 1 if column.size else 0
-    union_sums = np.zeros(g_max, dtype=np.float64)  # summed over all windows of each size
-    for first in range(0, touched_rows, chunk_columns):
-        in_chunk = (column >= first) & (column < first + chunk_columns)
-        width = min(chunk_columns, touched_rows - first)
-        counts = np.zeros((k + 1, width), dtype=np.int32)
-        counts[steps_of[in_chunk] + 1, column[in_chunk] - first] = 1  # each step's ids are unique
-        np.cumsum(counts, axis=0, out=counts)
-        for g in range(1, g_max + 1):
-            union_sums[g - 1] += np.count_nonzero(counts[g:] - counts[:-g])
-    return tuple(float(union_sums[g - 1] / (k - g + 1)) for g in range(1, g_max + 1))
+    g_max = min(int(max_workers), max((len(w) for w in windows), default=0))
+    sums, counts = np.zeros(g_max), np.zeros(g_max)
+    for window in windows:
+        union = np.zeros(0, dtype=np.int64)
+        for g, ids in enumerate(window[:g_max]):
+            union = np.union1d(union, np.asarray(ids, dtype=np.int64))
+            sums[g] += union.size
+            counts[g] += 1
+    return tuple(float(sums[g] / counts[g]) for g in range(g_max))
 
 
 def sparse_variable_profile(name: str, shape: tuple[int, ...], dtype: str, itemsize: int,
                             unique_rows_per_step: Sequence[np.ndarray], index_counts: Sequence[int],
-                            max_workers: int) -> VariableProfile:
-    """The profile of a variable whose gradient was a ``tf.IndexedSlices`` at every step."""
+                            max_workers: int, windows: Sequence[Sequence[np.ndarray]] | None = None) -> VariableProfile:
+    """The profile of a variable whose gradient was a ``tf.IndexedSlices`` at every step.
+
+    ``windows``: see :func:`union_rows_by_workers`; without them each step's own rows make a
+    window of one batch (no union measured beyond G = 1)."""
+    if windows is None:
+        windows = [[ids] for ids in unique_rows_per_step]
     rows = int(shape[0])
     size_bytes = int(np.prod(shape, dtype=np.int64)) * itemsize
     row_bytes = size_bytes / max(rows, 1)
@@ -86,7 +82,7 @@ def sparse_variable_profile(name: str, shape: tuple[int, ...], dtype: str, items
         name=name, shape=shape, dtype=dtype, size_bytes=size_bytes, kind=Kind.SPARSE,
         rows_touched_mean=float(np.mean(touched)), **alpha_summary(touched, rows),
         grad_bytes_per_step=grad_bytes,
-        union_rows_by_workers=union_rows_by_workers(unique_rows_per_step, rows, max_workers),
+        union_rows_by_workers=union_rows_by_workers(windows, max_workers),
     )
 
 

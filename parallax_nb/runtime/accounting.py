@@ -67,3 +67,16 @@ class ByteLedger:
                 received += tf.cast(r, tf.float64)
             rows.append(tf.stack([sent, received]))
         return tf.stack(rows) if rows else tf.zeros([0, 2], tf.float64)
+
+
+def interface_totals(interface: str) -> tuple[int, int]:
+    """(bytes, packets) received + sent so far by ``interface`` of this process's network
+    namespace, from the kernel's interface statistics (headers and every protocol included)."""
+    totals = []
+    for unit in ("bytes", "packets"):
+        total = 0
+        for direction in ("rx", "tx"):
+            with open(f"/sys/class/net/{interface}/statistics/{direction}_{unit}") as f:
+                total += int(f.read())
+        totals.append(total)
+    return totals[0], totals[1]

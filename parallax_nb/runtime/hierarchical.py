@@ -71,6 +71,11 @@ class Hierarchy:
             self._sets[tuple(self.local_peers)] = machine_sets[self.machine]
         self._peers_of_splits: dict[int, tuple] = {}   # id(split vector) -> (weak ref, peers)
 
+    @property
+    def machine_set(self):
+        """The Horovod process set of this rank's machine (None with one rank per machine)."""
+        return self._sets.get(tuple(self.local_peers))
+
     def peers_of(self, local_index: int) -> list[int]:
         """The ranks of ``local_index`` on every machine, in machine order."""
         return [k * self.G + local_index for k in range(self.N)]

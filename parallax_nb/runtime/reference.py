@@ -25,6 +25,19 @@ def train_single_device(job: Job, steps: int, batch_size: int | None = None, ret
     """
     model = job.build_model()
     optimizer = job.make_optimizer()
+    step = single_device_step(job, model, optimizer, deduplicate_sparse)
+    losses = []
+    for x, y in job.dataset(0, 1, batch_size=batch_size).take(steps):
+        losses.append(float(step(x, y)))
+    weights = {v.path: np.array(v.numpy()) for v in model.variables}
+    if return_model:
+        return weights, losses, model, optimizer
+    return weights, losses
+
+
+def single_device_step(job: Job, model, optimizer, deduplicate_sparse: bool = True):
+    """``step(x, y) -> loss``: one single-device training step of ``model`` (forward, backward,
+    optimizer update; no communication) as a ``tf.function``. The optimizer is built here."""
     variables = list(model.trainable_variables)
     optimizer.build(variables)
 
@@ -38,13 +51,7 @@ def train_single_device(job: Job, steps: int, batch_size: int | None = None, ret
         optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
         return loss
 
-    losses = []
-    for x, y in job.dataset(0, 1, batch_size=batch_size).take(steps):
-        losses.append(float(step(x, y)))
-    weights = {v.path: np.array(v.numpy()) for v in model.variables}
-    if return_model:
-        return weights, losses, model, optimizer
-    return weights, losses
+    return step
 
 
 def variable_kinds(job: Job) -> dict:

@@ -16,6 +16,8 @@ Where it comes from (:func:`resolve_topology`), first match wins:
 """
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 
 from ..errors import ConfigError
@@ -98,3 +100,16 @@ def resolve_topology(ranks: int, host_keys: list, plan=None, workers_per_machine
     if cluster is not None and cluster.workers == ranks:
         return Topology.blocks(ranks, cluster.workers_per_machine, "plan's cluster on one host")
     return Topology.blocks(ranks, 1, "one machine per rank")
+
+
+def host_key() -> str:
+    """This rank's host: its hostname plus its network namespace (one namespace of the
+    emulated cluster is one machine)."""
+    return f"{socket.gethostname()}/{os.stat('/proc/self/ns/net').st_ino}"
+
+
+def gather_topology(hvd, plan=None, workers_per_machine: int | None = None) -> Topology:
+    """The job's topology from every rank's :func:`host_key` (a collective: call on all ranks)."""
+    key = host_key()
+    keys = hvd.allgather_object(key, name="px_hosts") if hvd.size() > 1 else [key]
+    return resolve_topology(hvd.size(), keys, plan, workers_per_machine)

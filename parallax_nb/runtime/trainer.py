@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from typing import Callable
@@ -51,7 +50,7 @@ from .sharded import RecordingRouter, ShardedVariable, release_storage, route_em
 from .hierarchical import Hierarchy
 from .optimizer import take_over
 from .sync import GradientExchange, VariableSync
-from .topology import Topology, resolve_topology
+from .topology import Topology, gather_topology
 from . import guards
 from .watchdog import KEEP, SLOW_LIMIT_S, STEP, Watchdog, start_watchdog
 
@@ -110,9 +109,7 @@ class Trainer:
     def _topology(self, workers_per_machine: int | None) -> Topology:
         """Every rank's machine: a host is a hostname plus network namespace (one namespace of
         the emulated cluster is one machine)."""
-        key = f"{self.info.hostname}/{os.stat('/proc/self/ns/net').st_ino}"
-        keys = self.hvd.allgather_object(key, name="px_hosts") if self.ranks > 1 else [key]
-        return resolve_topology(self.ranks, keys, self.plan, workers_per_machine)
+        return gather_topology(self.hvd, self.plan, workers_per_machine)
 
     def _local_aggregation(self) -> bool:
         """Executed when the plan asks for it and some machine has several ranks; machines of

@@ -1,0 +1,150 @@
+"""``px.calibrate``: measure what one collective call and one step of compute cost on the
+user's own ranks, and fit a :class:`~parallax_nb.calibration.Calibration`.
+
+    cal = px.calibrate(np=4, emulate="2x2@1Gbit/s", job="parallax_nb.workloads:lm_tiny")
+    cal.to_json("calibration.json")
+
+Where the ranks run, like ``python -m parallax_nb run``: on this host (``np`` ranks over
+shared memory), on the hosts of an MPI ``hostfile``, or on an emulated network
+(``emulate="MxG@BANDWIDTH"``, :mod:`parallax_nb.netem`, needs root; the namespaces are removed
+afterwards, also on failure). Every rank runs :func:`parallax_nb.runtime.calibrate.measure_on_rank`
+under ``mpirun`` (:func:`parallax_nb.launch.run_on_ranks`, which leaves no process behind);
+this process combines their figures:
+
+* a collective at one size takes the slowest rank's median time per call, and each op and
+  scope is fitted as ``latency_s + bytes / (bandwidth_bps / 8)``
+  (:func:`~parallax_nb.calibration.fit_collective`);
+* ``compute_time_s[job name]`` = the largest per-rank median step time (the step waits for
+  the slowest rank);
+* ``coordination_bytes_per_s`` / ``coordination_packets_per_s`` = the mean over machines of
+  what each machine's link carried per second while Horovod ran idle (0 without a link to
+  read: on one host, or on real hosts without ``link_interface``).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from .calibration import Calibration, fit_collective
+from .errors import ConfigError, JobError
+
+
+def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str | None = None, job=None,
+              workers_per_machine: int | None = None, link_interface: str | None = None,
+              timeout_s: float = 300.0, echo: bool = False) -> Calibration:
+    """Measure this cluster and return its :class:`Calibration` (module docstring).
+
+    ``np``: ranks (default 2; with ``emulate`` the emulated network's machines x ranks).
+    ``hostfile``: an MPI hostfile (ranks fill its machines in order). ``emulate``:
+    ``"2x2@1Gbit/s"``, an emulated network of 2 machines x 2 ranks (root only).
+    ``job``: a :class:`~parallax_nb.job.Job` or ``"module:name"`` whose compute per step is
+    measured (none: collectives and coordination only). ``workers_per_machine``: treat
+    ranks r // G as one machine (as ``run --workers-per-machine``; default: the hosts).
+    ``link_interface``: on real hosts, the network interface whose counters give Horovod's
+    idle traffic (the emulated network names its own). ``echo``: copy the ranks' output to
+    stderr. Raises :class:`ConfigError` for bad arguments before anything starts.
+    """
+    from .launch import _check_np, check_host_resources, run_on_ranks
+    from .runtime.calibrate import measure_on_rank
+
+    network = _network(emulate, hostfile)
+    if network is not None:
+        if np is not None and _check_np(np) != network.ranks:
+            raise ConfigError(f"emulate={emulate!r} has {network.ranks} ranks but np={np}",
+                              hint=f"pass np={network.ranks}, or leave np out")
+        np = network.ranks
+    np = _check_np(2 if np is None else np)
+    if hostfile is not None and not os.path.isfile(hostfile):
+        raise ConfigError(f"hostfile {hostfile!r} does not exist", hint="write one host per line: 'host slots=N'")
+    if workers_per_machine is not None and (isinstance(workers_per_machine, bool)
+                                            or not isinstance(workers_per_machine, int)
+                                            or workers_per_machine < 1 or np % workers_per_machine):
+        raise ConfigError(f"workers_per_machine must be a whole number >= 1 that divides np={np}, "
+                          f"got {workers_per_machine!r}")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    job_arg = _check_job(job)
+    if hostfile is None:
+        check_host_resources(np)
+    kwargs = dict(job=job_arg, workers_per_machine=workers_per_machine, link_interface=link_interface)
+    if network is None:
+        where = hostfile or "loopback"
+        per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=hostfile, timeout_s=timeout_s,
+                                echo=echo)
+    else:
+        where = f"emulated {network.spec}"
+        with network:
+            kwargs["link_interface"] = network.interface
+            per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=network.hostfile,
+                                    mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo)
+    return combine(per_rank, where)
+
+
+def _network(emulate, hostfile):
+    if emulate is None:
+        return None
+    from .netem import EmulatedCluster
+
+    if hostfile is not None:
+        raise ConfigError("give either emulate= (an emulated network makes its own hostfile) or hostfile=, not both")
+    network = EmulatedCluster.from_spec(emulate)   # a ConfigError for a spec it cannot read
+    return network
+
+
+def _check_job(job):
+    """A Job travels to the ranks as it is; a ``module:name`` spec is loaded here first, so a
+    wrong one fails before mpirun starts."""
+    if job is None:
+        return None
+    from .job import Job, load_job
+
+    if isinstance(job, str):
+        load_job(job)
+        return job
+    if not isinstance(job, Job):
+        raise JobError(f"calibrate(job=...) needs a parallax_nb.Job or 'module:name', got {type(job).__name__}",
+                       hint="pass job=px.Job(...) or job='parallax_nb.workloads:lm_tiny'")
+    return job
+
+
+def combine(per_rank: list[dict], where: str) -> Calibration:
+    """The Calibration from every rank's :func:`~parallax_nb.runtime.calibrate.measure_on_rank`
+    figures (module docstring)."""
+    first = per_rank[0]
+    fits = {}
+    for key, points in first["collectives"].items():
+        sizes = [b for b, _ in points]
+        slowest = [max(r["collectives"][key][i][1] for r in per_rank) for i in range(len(points))]
+        fits[key] = fit_collective(sizes, slowest)
+    compute = {}
+    if first["compute"] is not None:
+        compute[first["compute"]["model"]] = max(r["compute"]["median_step_s"] for r in per_rank)
+    links = [r["link"] for r in per_rank if r["link"] is not None]
+    bytes_per_s = sum(link["bytes"] / link["seconds"] for link in links) / len(links) if links else 0.0
+    packets_per_s = sum(link["packets"] / link["seconds"] for link in links) / len(links) if links else 0.0
+    return Calibration(first["machines"], first["workers_per_machine"], fits, compute,
+                       coordination_bytes_per_s=bytes_per_s if first["machines"] > 1 else 0.0,
+                       coordination_packets_per_s=packets_per_s if first["machines"] > 1 else 0.0,
+                       measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def fits_table(calibration: Calibration) -> str:
+    """The fits as a readable table: op, scope, latency, bandwidth, max error, sizes."""
+    lines = [f"{'op':<10} {'scope':<8} {'latency':>10} {'bandwidth':>12} {'max error':>9} {'sizes':>5}"]
+    for key, fit in sorted(calibration.fits.items()):
+        op, scope = key.split("/")
+        lines.append(f"{op:<10} {scope:<8} {fit.latency_s * 1e6:>7.0f} us {_gbits(fit.bandwidth_bps):>12} "
+                     f"{100 * fit.max_relative_error:>8.1f}% {fit.samples:>5}")
+    for model, seconds in sorted(calibration.compute_time_s.items()):
+        lines.append(f"compute of {model}: {seconds * 1e3:.1f} ms per step (slowest rank, all ranks computing)")
+    if calibration.coordination_packets_per_s > 0:
+        lines.append(f"Horovod idle, per machine link: {calibration.coordination_bytes_per_s / 1e3:.1f} KB/s, "
+                     f"{calibration.coordination_packets_per_s:.0f} packets/s")
+    elif calibration.machines > 1:
+        lines.append("Horovod idle, per machine link: not measured (no link counters to read: one host, or "
+                     "real hosts without --link-interface)")
+    return "\n".join(lines)
+
+
+def _gbits(bandwidth_bps: float) -> str:
+    return f"{bandwidth_bps / 1e9:.3g} Gbit/s"

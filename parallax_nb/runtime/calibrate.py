@@ -1,0 +1,213 @@
+"""The rank side of a calibration: time the collectives the runtime issues, the job's compute
+under the real placement, and Horovod's idle traffic on each machine's link.
+
+Every rank calls :func:`measure_on_rank` with the same arguments (``px.calibrate`` and
+``python -m parallax_nb calibrate`` start them under ``mpirun``); each returns its own raw
+figures and the launcher fits them (:func:`parallax_nb.calibration.fit_collective`).
+
+In order, identical on every rank:
+
+1. Horovod is initialised as the runtime does it, the topology found as the runtime finds it
+   (:func:`.topology.gather_topology`: hosts, or ``workers_per_machine``), and with machines
+   of several ranks the machines' process sets are added by :class:`.hierarchical.Hierarchy`,
+   as in a run with local aggregation.
+2. **Compute** (with a job): every rank builds the single-device model and runs
+   :func:`.reference.single_device_step` (forward, backward, optimizer update; no
+   communication) on its own shard, all ranks at once after a barrier, so ranks that share
+   cores or a device slow each other as they will in the run. ``warmup_steps`` untimed (the
+   first traces), then ``compute_steps`` timed; each rank reports its median.
+3. **Coordination**: all ranks idle for ``idle_s`` seconds while Horovod's background loop
+   runs; local rank 0 of each machine reads its link's kernel counters (``link_interface``,
+   e.g. ``eth0`` of an emulated machine) before and after.
+4. **Collectives**, each op and scope at every size of ``sizes_bytes`` (bytes one rank hands
+   to a call: the allreduce tensor, the own allgather slice, the whole alltoall input),
+   inside one ``tf.function`` per op and scope with a ``[None]`` float32 input (traced once):
+   a chain of ``chain`` calls, each fed the previous one's output so they run one after the
+   other (independent calls would be fused by Horovod). One untimed chain, then ``repeats``
+   timed chains, each after a barrier; per-call time = chain time / ``chain``, the rank's
+   median over repeats. Scopes, as the runtime issues them:
+
+   * ``all``: over every rank (equal alltoall splits);
+   * ``machine``: in the machine's process set (:meth:`.hierarchical.Hierarchy.alltoall`);
+   * ``cross``: alltoall over all ranks with zero-length parts to every rank but the own
+     local index on the other machines (the runtime's cross steps); allreduce and allgather,
+     which the runtime does not issue across machines alone, in a process set per local
+     index, added last so that step 3 saw only the sets of a run.
+
+   ``machine`` and ``cross`` are measured only with several machines of several ranks each
+   (otherwise they are the ``all`` calls, or empty).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+COLLECTIVE_SIZES_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+CHAIN_CALLS = 3
+REPEATS = 7
+IDLE_S = 2.0
+WARMUP_STEPS = 2
+COMPUTE_STEPS = 5
+
+
+def measure_on_rank(job=None, workers_per_machine: int | None = None, link_interface: str | None = None,
+                    sizes_bytes=COLLECTIVE_SIZES_BYTES, chain: int = CHAIN_CALLS, repeats: int = REPEATS,
+                    idle_s: float = IDLE_S, warmup_steps: int = WARMUP_STEPS,
+                    compute_steps: int = COMPUTE_STEPS) -> dict:
+    """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
+    "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
+    "compute": {"model", "median_step_s", "steps_s"} or None, "link": {"bytes", "packets",
+    "seconds"} or None}``. ``job``: a :class:`~parallax_nb.job.Job` or a ``module:name`` spec."""
+    from .context import barrier, configure_threads, horovod
+    from .topology import gather_topology
+
+    configure_threads()
+    hvd = horovod()
+    topology = gather_topology(hvd, None, workers_per_machine)
+    machines, per_machine = topology.machines, topology.workers_per_machine
+    hierarchy = None
+    if topology.uniform and machines > 1 and per_machine > 1:
+        from .hierarchical import Hierarchy
+
+        hierarchy = Hierarchy(topology, hvd.rank())
+    out = {"rank": hvd.rank(), "machines": machines, "workers_per_machine": per_machine,
+           "uniform": topology.uniform, "topology": topology.describe(), "collectives": {}, "compute": None,
+           "link": None}
+    if job is not None:
+        out["compute"] = _compute(job, hvd, barrier, warmup_steps, compute_steps)
+    barrier("calibrate_idle")
+    out["link"] = _idle_link(hvd, link_interface, idle_s)
+    if hvd.size() > 1:
+        calls = _collective_calls(hvd, hierarchy, chain)
+        for key, fn in calls.items():
+            out["collectives"][key] = _time_sizes(fn, hvd, barrier, key, sizes_bytes, chain, repeats)
+        if hierarchy is not None:   # the sets per local index come last (see the module docstring)
+            for key, fn in _cross_set_calls(hvd, hierarchy, chain).items():
+                out["collectives"][key] = _time_sizes(fn, hvd, barrier, key, sizes_bytes, chain, repeats)
+    # the sets of other local indices may still be timing: nobody leaves (and shuts Horovod down) before them
+    barrier("calibrate_done")
+    return out
+
+
+def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int) -> dict:
+    from ..job import Job, load_job
+    from .reference import single_device_step
+
+    job = job if isinstance(job, Job) else load_job(job)
+    model = job.build_model()
+    step = single_device_step(job, model, job.make_optimizer())
+    batches = iter(job.dataset(hvd.rank(), hvd.size()))
+    for _ in range(warmup_steps):
+        x, y = next(batches)
+        float(step(x, y))
+    timed = [next(batches) for _ in range(compute_steps)]
+    barrier("calibrate_compute")
+    times = []
+    for x, y in timed:
+        start = time.perf_counter()
+        float(step(x, y))
+        times.append(time.perf_counter() - start)
+    return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times}
+
+
+def _idle_link(hvd, interface: str | None, idle_s: float):
+    """Bytes and packets this machine's link carried in ``idle_s`` s of idle Horovod (local rank 0 only)."""
+    if not interface or hvd.local_rank() != 0:
+        time.sleep(idle_s)
+        return None
+    from .accounting import interface_totals
+
+    bytes0, packets0 = interface_totals(interface)
+    start = time.perf_counter()
+    time.sleep(idle_s)
+    bytes1, packets1 = interface_totals(interface)
+    return {"bytes": bytes1 - bytes0, "packets": packets1 - packets0, "seconds": time.perf_counter() - start}
+
+
+def _chained(call, chain: int):
+    """A ``tf.function`` of a ``[None]`` float32 input running ``call(x, i)`` ``chain`` times,
+    each on the previous output; returns one element (the last call must have finished)."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)], autograph=False)
+    def run(x):
+        for i in range(chain):
+            x = call(x, i)
+        return tf.reduce_sum(x[:1])
+
+    return run
+
+
+def _collective_calls(hvd, hierarchy, chain: int) -> dict:
+    """``{"op/scope": chained tf.function}`` over all ranks and, with a hierarchy, within a
+    machine and across machines as the runtime's local-aggregation steps issue them."""
+    import tensorflow as tf
+
+    W = hvd.size()
+
+    def equal_splits(x, parts: int):
+        return tf.fill([parts], tf.shape(x)[0] // parts)
+
+    calls = {
+        "allreduce/all": lambda x, i: hvd.allreduce(x, op=hvd.Sum, name=f"px_cal_ar_all_{i}"),
+        "allgather/all": lambda x, i: allgather_own(hvd.allgather(x, name=f"px_cal_ag_all_{i}"), x),
+        "alltoall/all": lambda x, i: hvd.alltoall(x, splits=equal_splits(x, W), name=f"px_cal_a2a_all_{i}")[0],
+    }
+    if hierarchy is not None:
+        h = hierarchy
+        machine_set = h.machine_set
+        calls.update({
+            "allreduce/machine": lambda x, i: hvd.allreduce(x, op=hvd.Sum, process_set=machine_set,
+                                                            name=f"px_cal_ar_machine_{i}"),
+            "allgather/machine": lambda x, i: allgather_own(
+                hvd.allgather(x, process_set=machine_set, name=f"px_cal_ag_machine_{i}"), x),
+            "alltoall/machine": lambda x, i: h.alltoall(
+                x, h.local_splits(tf.shape(x)[0] // h.G), f"px_cal_a2a_machine_{i}")[0],
+            "alltoall/cross": lambda x, i: h.alltoall(
+                x, h.splits(h.cross_peers, [tf.shape(x)[0] // h.N] * h.N), f"px_cal_a2a_cross_{i}")[0],
+        })
+    return {key: _chained(call, chain) for key, call in calls.items()}
+
+
+def _cross_set_calls(hvd, hierarchy, chain: int) -> dict:
+    """Allreduce and allgather among one local index on every machine, in a process set per
+    local index (every rank adds all of them, in the same order)."""
+    from .context import process_set
+
+    h = hierarchy
+    sets = [process_set(h.peers_of(i)) for i in range(h.G)]
+    mine = sets[h.local]
+    calls = {
+        "allreduce/cross": lambda x, i: hvd.allreduce(x, op=hvd.Sum, process_set=mine, name=f"px_cal_ar_cross_{i}"),
+        "allgather/cross": lambda x, i: allgather_own(hvd.allgather(x, process_set=mine,
+                                                                    name=f"px_cal_ag_cross_{i}"), x),
+    }
+    return {key: _chained(call, chain) for key, call in calls.items()}
+
+
+def allgather_own(gathered, x):
+    """This rank's slice back out of an allgather (the next call of a chain hands it again)."""
+    import tensorflow as tf
+
+    return gathered[:tf.shape(x)[0]]
+
+
+def _time_sizes(fn, hvd, barrier, key: str, sizes_bytes, chain: int, repeats: int) -> list:
+    """[(bytes per call, median seconds per call)] of one chained collective at every size."""
+    import tensorflow as tf
+
+    # every call hands a whole number of float32 elements per participant (at most W)
+    quantum = 4 * hvd.size()
+    points = []
+    for size in sizes_bytes:
+        elements = max(quantum, size // quantum * quantum) // 4
+        x = tf.zeros([elements], tf.float32)
+        float(fn(x))  # untimed: traces on the first size, warms the buffers on every size
+        per_call = []
+        for r in range(repeats):
+            barrier(f"cal_{key.replace('/', '_')}_{size}_{r}")
+            start = time.perf_counter()
+            float(fn(x))
+            per_call.append((time.perf_counter() - start) / chain)
+        points.append((4 * elements, statistics.median(per_call)))
+    return points
