@@ -125,13 +125,15 @@ def profile_workload(spec: dict, workdir: str, steps: int) -> Profile:
         return Profile.from_json(f.read())
 
 
-def write_plans(profile: Profile, spec: ClusterSpec, workdir: str, tag: str) -> dict[str, str]:
+def write_plans(profile: Profile, spec: ClusterSpec, workdir: str, tag: str, calibration=None) -> dict[str, str]:
+    """One plan file per architecture; AUTO's choices priced by ``calibration`` when given (the
+    plan that runs is then the one a prediction with that calibration describes)."""
     from parallax_nb.plan import make_plan
 
     paths = {}
     for arch in ARCHITECTURES:
         path = os.path.join(workdir, f"plan-{tag}-{arch}.json")
-        make_plan(profile, spec, arch).to_json(path)
+        make_plan(profile, spec, arch, calibration=calibration).to_json(path)
         paths[arch] = path
     return paths
 
@@ -267,7 +269,7 @@ def predictions(profile: Profile, spec: ClusterSpec) -> dict:
 
 
 def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, configs: list[str], machines: int,
-                workers: int, bandwidth: str | None, args, workdir: str) -> dict:
+                workers: int, bandwidth: str | None, args, workdir: str, calibration=None) -> dict:
     ranks = machines * workers
     per_rank = ClusterSpec.create(machines=ranks, workers_per_machine=1, bandwidth=bandwidth or "100Gbit/s")
     # on a network, parallax plans for its machines with local aggregation (the runtime finds the
@@ -275,7 +277,7 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     plan_spec = (per_rank if bandwidth is None else
                  ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth))
     tag = f"{workload_name}-{name}-{bandwidth or 'lo'}".replace("/", "").replace(" ", "")
-    plans = write_plans(profile, plan_spec, workdir, tag)
+    plans = write_plans(profile, plan_spec, workdir, tag, calibration)
     same_as = duplicates(profile, plans, configs)
     config_list = []
     for c in configs:

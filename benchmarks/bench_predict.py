@@ -211,7 +211,8 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
     print(f"== {name} {network}: predicted first ({how}): "
           + ", ".join(f"{c} {p['step_time_s'] * 1e3:.1f} ms" for c, p in prediction.items()), flush=True)
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
-                                 args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir)
+                                 args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir,
+                                 calibration)
     comparison = compare_setting(prediction, run, bandwidth is not None)
     return {"workload": name, "network": network, "calibration": how,
             "calibration_figures": calibration.to_dict() if calibration is not None else None,
