@@ -224,13 +224,10 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Calibration":
-        if not isinstance(d, dict) or d.get("schema") != CALIBRATION_SCHEMA:
-            raise ConfigError(f"not a parallax_nb calibration (missing 'schema': {CALIBRATION_SCHEMA!r})",
-                              hint="make one with python -m parallax_nb calibrate --np N -o calibration.json")
-        if d.get("schema_version") != CALIBRATION_SCHEMA_VERSION:
-            raise ConfigError(f"calibration schema_version {d.get('schema_version')!r} is not supported "
-                              f"(this parallax_nb reads version {CALIBRATION_SCHEMA_VERSION})",
-                              hint="calibrate again with this version of parallax_nb")
+        from .jsonfile import check_schema
+        check_schema(d, CALIBRATION_SCHEMA, CALIBRATION_SCHEMA_VERSION, "calibration", ConfigError,
+                     make_hint="make one with python -m parallax_nb calibrate --np N -o calibration.json",
+                     version_hint="calibrate again with this version of parallax_nb")
         try:
             fits = d["fits"]
             if not isinstance(fits, dict) or not all(isinstance(f, dict) for f in fits.values()):

@@ -70,3 +70,15 @@ def load_json(path_or_text: str, what: str = "file") -> dict:
     except json.JSONDecodeError as e:
         raise ParallaxError(f"{what} {source} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
                             hint="the file may be truncated or corrupted; regenerate it") from None
+
+
+def check_schema(d, schema: str, version: int, what: str, error: type = ParallaxError,
+                 make_hint: str | None = None, version_hint: str | None = None) -> None:
+    """Refuse ``d`` unless it is a dict of ``schema`` at ``version``, with an ``error`` naming
+    ``what`` and the value seen (a file of another kind, or of another version of parallax_nb)."""
+    if not isinstance(d, dict) or d.get("schema") != schema:
+        seen = d.get("schema") if isinstance(d, dict) else type(d).__name__
+        raise error(f"not a parallax_nb {what} (expected 'schema': {schema!r}, got {seen!r})", hint=make_hint)
+    if d.get("schema_version") != version:
+        raise error(f"{what} schema_version {d.get('schema_version')!r} is not supported "
+                    f"(this parallax_nb reads version {version})", hint=version_hint)

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from .cost.methods import variable_cost
 from .cost.choice import check_partitions, choose_method, default_partitions, partitions_resolver
 from .errors import ConfigError, ParallaxError, PlanError
+from .jsonfile import check_schema
 from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes, method_key
 
 PLAN_SCHEMA = "parallax_nb.plan"
@@ -280,13 +281,9 @@ class Plan:
     @classmethod
     def from_dict(cls, d: Any, variable_names: Iterable[str] | None = None) -> "Plan":
         """Validate and build a plan; with ``variable_names``, also check it fits that model."""
-        if not isinstance(d, dict) or d.get("schema") != PLAN_SCHEMA:
-            raise PlanError(f"not a parallax_nb plan (expected 'schema': '{PLAN_SCHEMA}')",
-                            hint="make one with make_plan() or `python -m parallax_nb plan profile.json ...`")
-        if d.get("schema_version") != PLAN_SCHEMA_VERSION:
-            raise PlanError(f"plan schema_version {d.get('schema_version')!r} is not supported "
-                            f"(this parallax_nb reads version {PLAN_SCHEMA_VERSION})",
-                            hint="re-plan with this version of parallax_nb")
+        check_schema(d, PLAN_SCHEMA, PLAN_SCHEMA_VERSION, "plan", PlanError,
+                     make_hint="make one with make_plan() or `python -m parallax_nb plan profile.json ...`",
+                     version_hint="re-plan with this version of parallax_nb")
         for required in ("model_name", "architecture", "variables"):
             if required not in d:
                 raise PlanError(f"plan lacks field {required!r}", hint="the file may be truncated; re-plan")

@@ -205,11 +205,8 @@ class Profile:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Profile":
-        if not isinstance(d, dict) or d.get("schema") != "parallax_nb.profile":
-            raise ProfileError("not a parallax_nb profile (missing 'schema': 'parallax_nb.profile')")
-        if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
-            raise ProfileError(f"profile schema_version {d.get('schema_version')!r} is not supported "
-                               f"(this parallax_nb reads version {PROFILE_SCHEMA_VERSION})")
+        from .jsonfile import check_schema
+        check_schema(d, "parallax_nb.profile", PROFILE_SCHEMA_VERSION, "profile", ProfileError)
         try:
             return cls(
                 model_name=str(d["model_name"]),

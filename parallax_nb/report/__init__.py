@@ -17,7 +17,7 @@ import os
 from typing import NamedTuple
 
 from ..errors import ConfigError
-from ..jsonfile import atomic_write_text, load_json
+from ..jsonfile import atomic_write_text, check_schema, load_json
 from ..plan import RECORDED_COSTS
 from .build import SCHEMA, SCHEMA_VERSION, build_report_data, error_pct, load_run
 
@@ -56,12 +56,8 @@ class Report:
     """A built report: its data (:meth:`to_dict`), its page (:meth:`html`) and its files (:meth:`save`)."""
 
     def __init__(self, data: dict):
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ConfigError(f"not a parallax_nb report (expected 'schema': {SCHEMA!r})")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise ConfigError(f"report schema_version {data.get('schema_version')!r} is not supported "
-                              f"(this parallax_nb reads version {SCHEMA_VERSION})",
-                              hint="rebuild the report from its profile and plan with this version")
+        check_schema(data, SCHEMA, SCHEMA_VERSION, "report", ConfigError,
+                     version_hint="rebuild the report from its profile and plan with this version")
         self._data = data
         self._fragment: str | None = None  # the data never changes, so neither does the page
 
