@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from .cost.methods import variable_cost
 from .cost.choice import check_partitions, choose_method, default_partitions, partitions_resolver
+from .cost.pricing import check_inputs
 from .errors import ConfigError, ParallaxError, PlanError
 from .jsonfile import check_schema
 from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes, method_key
@@ -386,12 +387,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
     choices; without one the defaults do. Each VariablePlan records the PS, AR and
     sparse-as-dense bytes from :func:`parallax_nb.cost.variable_cost`.
     """
-    if not isinstance(profile, Profile):
-        raise ConfigError(f"make_plan needs a parallax_nb Profile, got {type(profile).__name__}",
-                          hint="profile the job first, or use plan_for_kinds() without a profile")
-    if not isinstance(cluster, ClusterSpec):
-        raise ConfigError(f"make_plan needs a ClusterSpec, got {type(cluster).__name__}",
-                          hint='build one with ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
+    check_inputs(profile, cluster, "make_plan", hint="profile the job first, or use plan_for_kinds() without a profile")
     architecture = Architecture.parse(architecture)
     explanations: tuple[str, ...] = ()
     if architecture is Architecture.AUTO:

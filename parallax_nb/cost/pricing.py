@@ -19,12 +19,18 @@ _PRICINGS: dict = {}
 _PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
 
 
-def check_inputs(profile, cluster) -> None:
+def check_profile(profile, who: str = "the cost model",
+                  hint: str = "profile the job first (px.profile(job)) or load one with Profile.from_json(path)") -> None:
+    """A ConfigError naming ``who`` and the type given unless ``profile`` is a Profile."""
     if not isinstance(profile, Profile):
-        raise ConfigError(f"expected a parallax_nb Profile, got {type(profile).__name__}",
-                          hint="profile the job first (px.profile(job)) or load one with Profile.from_json(path)")
+        raise ConfigError(f"{who} needs a parallax_nb Profile, got {type(profile).__name__}", hint=hint)
+
+
+def check_inputs(profile, cluster, who: str = "the cost model", **profile_hint) -> None:
+    """:func:`check_profile`, then a ConfigError unless ``cluster`` is a ClusterSpec."""
+    check_profile(profile, who, **profile_hint)
     if not isinstance(cluster, ClusterSpec):
-        raise ConfigError(f"expected a ClusterSpec, got {type(cluster).__name__}",
+        raise ConfigError(f"{who} needs a ClusterSpec, got {type(cluster).__name__}",
                           hint='build one with ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
 
 

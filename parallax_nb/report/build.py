@@ -181,11 +181,10 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
     come from the plan.
     """
     from .. import cost
+    from ..cost.pricing import check_profile
     from ..version import __version__
 
-    if not isinstance(profile, Profile):
-        raise ConfigError(f"report() needs a parallax_nb Profile, got {type(profile).__name__}",
-                          hint="profile the job first: px.profile(job) or Profile.from_json(path)")
+    check_profile(profile, "report()", hint="profile the job first: px.profile(job) or Profile.from_json(path)")
     if not isinstance(plan, Plan):
         raise ConfigError(f"report() needs a parallax_nb Plan, got {type(plan).__name__}",
                           hint="make one with px.make_plan(profile, cluster) or Plan.from_json(path)")
