@@ -473,9 +473,10 @@ class Estimate:
     communication); ``compute_time_s`` is the calibration's measured compute of this model
     under the real placement, else the profile's single-device step time. ``calibration``
     says which figures priced the calls (``"uncalibrated (defaults)"`` without a measurement).
-    ``coordination_bytes_per_machine_per_step`` is the link traffic of Horovod's own
-    coordination during the step (the calibration's idle rate times ``step_time_s``; 0
-    uncalibrated), kept apart from the model's ``bytes_per_machine_per_step``.
+    ``link`` is what a machine's link carries per step as its counters count it
+    (:func:`parallax_nb.cost.link.predict_link_bytes`: the model's bytes with TCP/IP framing,
+    plus Horovod's own coordination, the calibration's idle rate times ``step_time_s``; 0
+    uncalibrated or on one machine), kept apart from the model's ``bytes_per_machine_per_step``.
     ``examples_per_s = workers * batch_size / step_time_s``. ``speedup_vs_ar`` /
     ``speedup_vs_ps`` = step time of all-AR / all-PS divided by this step time (> 1: this
     choice is faster). ``variables`` and ``methods`` are aligned: each variable's costs and
@@ -503,13 +504,18 @@ class Estimate:
     methods: tuple[Method, ...] = field(default=(), repr=False)
     calibration: str = "uncalibrated (defaults)"
     collective_calls_per_step: int = 0
-    coordination_bytes_per_machine_per_step: float = 0.0
+    link: LinkBytes | None = field(default=None, repr=False)
     explanations: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def link_bytes_per_machine_per_step(self) -> float:
-        """What a machine's link carries per step: the model's bytes plus Horovod's coordination."""
-        return self.bytes_per_machine_per_step + self.coordination_bytes_per_machine_per_step
+        """What a machine's link carries per step (``link``; the model's bytes without one)."""
+        return self.link.total_bytes if self.link is not None else self.bytes_per_machine_per_step
+
+    @property
+    def coordination_bytes_per_machine_per_step(self) -> float:
+        """Horovod's coordination among ``link``'s bytes (0 without one)."""
+        return self.link.coordination_bytes if self.link is not None else 0.0
 
     def bytes_by_variable(self) -> dict[str, float]:
         """Variable name -> bytes per machine per step under the method this estimate charged."""
@@ -517,9 +523,11 @@ class Estimate:
         return {c.name: c.bytes_for(baseline or m) for c, m in zip(self.variables, self.methods)}
 
     def to_dict(self, include_variables: bool = False) -> dict:
-        skip = ("variables", "methods", "method_bytes_per_machine_per_step", "explanations")
+        skip = ("variables", "methods", "method_bytes_per_machine_per_step", "explanations", "link")
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
         d["explanations"] = list(self.explanations)
+        d["coordination_bytes_per_machine_per_step"] = self.coordination_bytes_per_machine_per_step
+        d["link_bytes_per_machine_per_step"] = self.link_bytes_per_machine_per_step
         d.update({f"{key}_bytes_per_machine_per_step": moved
                   for key, moved in self.method_bytes_per_machine_per_step.items()})
         d["cluster"] = self.cluster.to_dict()

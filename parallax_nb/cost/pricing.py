@@ -12,6 +12,7 @@ from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost)
 from .choice import choose_method
 from .methods import variable_cost
+from .link import predict_link_bytes
 from .model import participants, rounds
 from .timing import CallTime, calibration_for, call_time, compute_time_s, step_communication
 
@@ -118,7 +119,7 @@ class Pricing:
         comm = step_communication(times, self.calibration)
         compute = self.compute_time_s
         step = compute + comm.comm_time_s
-        coordination = self.calibration.coordination_bytes_per_s * step if cluster.machines > 1 else 0.0
+        link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None)
         return Estimate(
             architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
             index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,
@@ -128,7 +129,7 @@ class Pricing:
             comm_time_s=comm.comm_time_s, step_time_s=step,
             examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
             variables=tuple(costs), methods=tuple(methods), calibration=self.calibration.label,
-            collective_calls_per_step=comm.calls, coordination_bytes_per_machine_per_step=coordination,
+            collective_calls_per_step=comm.calls, link=link,
             explanations=tuple(explanations),
         )
 
