@@ -40,6 +40,7 @@ from .handle import FAILED, RUNNING, STOPPING, Run
 
 STOP_GRACE_S = 15.0
 FAILURE_GRACE_S = 10.0
+OUTPUT_WAIT_S = 2.0      # at most this long for an engine's last published data after its result
 _last_run: Run | None = None
 
 
@@ -163,6 +164,14 @@ class RunController:
         results = [ar.get(0) for ar in self.async_results]
         rank0 = next((r for r in results if r.get("rank") == 0), results[0])
         stopped = any(r.get("stopped") for r in results)
+        # a result can arrive before the last data the engine published (they travel on
+        # different channels): wait briefly for each engine's output, so the last phase and
+        # records reach the view before the run is marked finished
+        for ar in self.async_results:
+            try:
+                ar.wait_for_output(OUTPUT_WAIT_S)
+            except Exception:
+                pass
         self._collect_records()
         if self.run.stop_requested_at is not None:
             self.stop_latency_s = time.monotonic() - self.run.stop_requested_at
