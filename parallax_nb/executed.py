@@ -2,7 +2,7 @@
 
 The runtime may not run a plan exactly as asked, for reasons only the ranks know: a sparse
 variable planned PS whose rows are read outside the routed lookup is served whole (a dense PS
-variable); a sparse PS variable gets at least one partition per rank; machines holding unequal
+variable); a variable gets at most one partition per row; machines holding unequal
 blocks of ranks run without local aggregation. The runtime records the outcome once, as this
 frozen value (``run.json`` key ``"executed_plan"``); the CLI, the run view and the report show
 its changes and the report predicts bytes for what ran, never for a plan rebuilt from the run.

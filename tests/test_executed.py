@@ -14,7 +14,7 @@ from parallax_nb.executed import ExecutedPlan
 from parallax_nb.plan import make_plan
 from parallax_nb.report.build import build_report_data, validate_run
 from parallax_nb.report.html import render_fragment
-from parallax_nb.runtime.executed import RAISED, UNROUTED, executed_plan
+from parallax_nb.runtime.executed import SEARCHED, UNROUTED, executed_plan
 from parallax_nb.runtime.topology import Topology
 from parallax_nb.types import RUN_SCHEMA, ClusterSpec, Kind, Method, Profile
 from parallax_nb.widgets.run_view import RunView
@@ -44,12 +44,12 @@ def test_every_difference_is_named_with_its_reason():
     assert "table: kind sparse -> dense (its rows are read outside the routed lookup" in executed.change_lines()[0]
 
 
-def test_a_plan_run_as_given_has_no_changes_and_a_raise_says_why():
+def test_a_plan_run_as_given_has_no_changes_and_another_count_says_why():
     plan = make_plan(PROFILE, ClusterSpec(machines=4), "hybrid", partitions=2)
     same = executed_plan(plan, _ran("sparse", 2), Topology.blocks(4, 1), local_aggregation=False)
     assert same.changes == ()  # one rank per machine: local aggregation on or off runs the same
     raised = executed_plan(plan, _ran("sparse", 4), Topology.blocks(4, 1), local_aggregation=False)
-    assert [c.reason for c in raised.changes] == [RAISED]
+    assert [c.reason for c in raised.changes] == [SEARCHED]
 
 
 def test_json_round_trip_and_bad_input():

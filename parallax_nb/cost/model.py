@@ -69,9 +69,12 @@ allreduce ``2 (n-1)`` (reduce-scatter, allgather); sparse AR ``2 (n-1)`` (one ri
 of values and one of indices); sparse PS ``3 (n-1)`` (three pairwise alltoalls: ids to owners,
 rows back, gradients to owners); dense PS ``2 (n-1)`` (reduce-scatter of the gradient to the
 owners, allgather of the fresh values). Nothing crosses machines when ``N = 1``: 0 rounds.
-Partitions do not change bytes or rounds here: rows are assumed spread evenly over the owners
-(at least one partition per participant); the partition count trades per-owner work against
-per-partition overhead, which the runtime's partition search measures.
+Partitions do not change bytes or rounds here: rows are assumed spread evenly over the owners.
+With fewer partitions than participants (P < N) only P ranks own rows: the total is the same
+(a rank's rows are local with probability 1/N either way), but it is concentrated on the
+owners and their machines' links, which this per-participant average does not show. The
+partition count trades per-owner work against per-partition overhead, which the runtime's
+partition search measures.
 """
 from __future__ import annotations
 

@@ -11,15 +11,12 @@ from .topology import Topology
 
 UNROUTED = ("its rows are read outside the routed lookup (not a Keras Embedding or parallax_nb.ops lookup), "
             "so the servers cannot serve rows: served whole, as a dense PS variable")
-RAISED = "every rank serves a share of a sparse PS variable, so it has at least one partition per rank"
 CAPPED = "a variable has at most one partition per row"
 SEARCHED = "the run's partition count for every PS variable (partition search or --partitions)"
 
 
-def _partitions_reason(wanted: int, executed: int, kind: Kind) -> str:
+def _partitions_reason(wanted: int, executed: int) -> str:
     """Why a PS variable has ``executed`` partitions where ``wanted`` were asked for."""
-    if executed > wanted and kind is Kind.SPARSE:
-        return RAISED
     if executed < wanted:
         return CAPPED
     return SEARCHED
@@ -41,7 +38,7 @@ def executed_plan(plan, table: dict, topology: Topology, local_aggregation: bool
         if ran.kind is not asked.kind:
             changes.append(PlanChange("kind", asked.kind.value, ran.kind.value, UNROUTED, name))
         if ran.method.partitioned and ran.partitions != asked.partitions:
-            reason = _partitions_reason(partitions or asked.partitions, ran.partitions, ran.kind)
+            reason = _partitions_reason(partitions or asked.partitions, ran.partitions)
             changes.append(PlanChange("partitions", asked.partitions, ran.partitions, reason, name))
     if plan.local_aggregation and not local_aggregation and topology.workers_per_machine > 1:
         # with one rank per machine there is nothing to aggregate: on or off runs the same

@@ -33,6 +33,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ..errors import JobError
+from .tensor_ops import live
 
 #: option -> why it is refused (the optimizer attribute named as the user wrote it)
 REFUSED_OPTIONS = {
@@ -80,21 +81,24 @@ class ShardedClipping:
     def active(self) -> bool:
         return any(c is not None for c in (self.clipnorm, self.global_clipnorm, self.clipvalue))
 
-    def clip(self, pairs: list[tuple]) -> list[tuple]:
+    def clip(self, pairs: list[tuple]) -> tuple[list[tuple], list]:
         """The (gradient, variable) pairs with the user's clipping applied (Keras' precedence:
-        clipnorm, else global_clipnorm, else clipvalue)."""
+        clipnorm, else global_clipnorm, else clipvalue), and the tensors of the collective it
+        issued: the step must depend on them, for a rank that updates nothing (it owns no
+        partition) still has to join the other ranks' norm exchange, and an unused result would
+        be pruned from the traced step."""
         if self.clipnorm is not None:
             norms = tf.sqrt(self._squared_norms(pairs))
             factors = self.clipnorm / tf.maximum(norms, self.clipnorm)
-            return [(_scale(g, factors[self.owner[id(v)]]), v) for g, v in pairs]
+            return [(_scale(g, factors[self.owner[id(v)]]), v) for g, v in pairs], [norms]
         if self.global_clipnorm is not None:
             norm = tf.sqrt(tf.reduce_sum(self._squared_norms(pairs)))
             c = self.global_clipnorm
             factor = c * tf.minimum(1.0 / norm, 1.0 / c) + (norm - norm)
-            return [(_scale(g, factor), v) for g, v in pairs]
+            return [(_scale(g, factor), v) for g, v in pairs], [norm]
         if self.clipvalue is not None:
-            return [(_clip_values(g, self.clipvalue), v) for g, v in pairs]
-        return pairs
+            return [(_clip_values(g, self.clipvalue), v) for g, v in pairs], []
+        return pairs, []
 
     def _squared_norms(self, pairs: list[tuple]) -> tf.Tensor:
         """Squared L2 norm of every model variable's whole gradient (float32, one per variable,
@@ -111,7 +115,8 @@ class ShardedClipping:
                 replicated[i] = replicated[i] + square
         local = tf.stack(sharded)
         if self.ranks > 1 and any(self.sharded):
-            everyone = self.hvd.allgather(local[None], name="px_clip_norms", ignore_name_scope=True)
+            # constant on a rank that owns no partition
+            everyone = self.hvd.allgather(live(local)[None], name="px_clip_norms", ignore_name_scope=True)
             local = tf.reduce_sum(everyone, 0)
         return tf.stack(replicated) + local
 

@@ -27,3 +27,21 @@ def deduplicate(grad: tf.IndexedSlices) -> tf.IndexedSlices:
     unique, position = tf.unique(grad.indices)
     values = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(unique)[0])
     return tf.IndexedSlices(values, unique, grad.dense_shape)
+
+
+_LIVE_ZERO: list = []
+
+
+def live(x: tf.Tensor) -> tf.Tensor:
+    """``x`` plus a variable's 0, for a collective's input that can be a constant on some rank
+    (a rank that owns no partition has nothing of its own to send).
+
+    Horovod registers its TensorFlow ops as stateless, so grappler's constant folding runs a
+    collective whose inputs are all constants while it optimises the traced step: on that rank
+    alone, before the step starts, where it waits forever for ranks that call it later in the
+    step (control dependencies do not prevent folding). A variable read cannot be folded, and
+    adding its 0 changes no value."""
+    if not _LIVE_ZERO:
+        with tf.init_scope():
+            _LIVE_ZERO.append(tf.Variable(0.0, trainable=False, name="px_live_zero"))
+    return x + tf.cast(_LIVE_ZERO[0], x.dtype)

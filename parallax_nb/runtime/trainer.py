@@ -197,15 +197,6 @@ class Trainer:
                 kind = Kind.DENSE  # gathered outside embedding_lookup: cannot be served by rows
             rows = int(variable.shape[0]) if len(variable.shape) else 1
             parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
-            if kind is Kind.SPARSE:
-                # every rank serves at least one partition of a sparse PS variable: with P < N a
-                # 3-rank launch of several Keras models hung in step 1 (single models and the LM
-                # trained right with P < N), so P < N is still raised to N
-                raised = max(parts, min(self.ranks, rows))
-                if raised != parts and self.rank == 0:
-                    _print(f"parallax_nb: PS variable {name!r}: {parts} partition(s) raised to {raised}, one per rank "
-                           f"(every rank serves a share of a sparse PS variable)")
-                parts = raised
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
                             routed=name in self.routed)
 
@@ -278,16 +269,17 @@ class Trainer:
         # the loss and the 2 N health flags (guards) ride one collective the step issues anyway
         carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, flat, self.rank, self.ranks)], 0)
         pairs, reduced = self.exchange.exchange(grads, carried if self.ranks > 1 else None)
-        pairs = self.clipping.clip(pairs)
+        pairs, clipping_collectives = self.clipping.clip(pairs)
         if pairs:  # a rank that owns no partition of a PS-only model updates nothing
             self.optimizer.apply_gradients(pairs)
-        # Collectives without a data dependency on this step's work (a pull of a rank that owns
-        # no partition) must still start after it, or a rank can sit in them first and starve
-        # the collectives the other ranks are waiting for.
-        # every gradient, those of ranks that own no partition (P < N) too: their backward
-        # alltoalls must run, or the owners wait in them forever
-        done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss] + [
-            g.values if isinstance(g, tf.IndexedSlices) else g for g in flat if g is not None]
+        # Everything the step issued runs on every rank, on ranks that own no partition (P < N)
+        # too: every gradient (their backward alltoalls, or the owners wait in them forever) and
+        # the clipping's norm exchange (a rank that updates nothing does not use it). Horovod's
+        # ops count as stateless, so grappler prunes one whose result only a control
+        # dependency needs: the step returns them, and the pulls start after them.
+        issued = [g.values if isinstance(g, tf.IndexedSlices) else g for g in flat if g is not None] + \
+            clipping_collectives
+        done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss] + issued
         with tf.control_dependencies(done):
             self.exchange.pull_dense()
             if reduced is None:
@@ -295,14 +287,14 @@ class Trainer:
                 if self.ranks > 1:  # no dense allreduce carried the loss: its own, after the updates
                     with tf.control_dependencies([_updated(v) for s in self.syncs for v in s.optimizer_variables]):
                         reduced = hvd.allreduce(reduced, op=hvd.Average, name="px_loss", ignore_name_scope=True)
-        return reduced[0], reduced[1:], self.ledger.totals([s.name for s in self.syncs])
+        return reduced[0], reduced[1:], self.ledger.totals([s.name for s in self.syncs]), issued
 
     def run_step(self, x, y) -> StepRecord:
         """One step; a non-finite loss or gradient on any rank raises :class:`NumericError` on
         every rank, an id outside its table a :class:`JobError` on the rank that read it."""
         start = time.perf_counter()
         with self._user_errors():
-            loss, health, byte_totals = self._step_fn(x, y)
+            loss, health, byte_totals, _ = self._step_fn(x, y)
             loss, health, byte_totals = float(loss), health.numpy(), byte_totals.numpy()
         elapsed = time.perf_counter() - start
         guards.check_health(health, self.step + 1, self.ranks)

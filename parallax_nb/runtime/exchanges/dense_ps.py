@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from ...types import Collective, Kind, Method
-from ..tensor_ops import op_tag
+from ..tensor_ops import live, op_tag
 from .base import Exchange
 
 
@@ -93,10 +93,9 @@ class DensePS(Exchange):
             shard, part = sync.shard, sync.shard.partitioning
             row = int(np.prod(shard.row_shape))
             mine = [tf.reshape(v.value, [-1]) for v in shard.parts]
-            # a rank that owns nothing sends the (empty) result of its push: a constant here would
-            # let the pull start before the step's other collectives and stall them (seen with
-            # Horovod 0.28: a rank sitting in the pull never submitted its lookups)
-            own = tf.concat(mine, 0) if mine else self._pushed.get(sync.name, tf.zeros([0], shard.dtype))
+            # a rank that owns nothing sends the (empty) result of its push: never a constant,
+            # which grappler would fold (tensor_ops.live)
+            own = tf.concat(mine, 0) if mine else self._pushed.get(sync.name, live(tf.zeros([0], shard.dtype)))
             own_size = sum(part.rows_in(p) for p in shard.owned) * row
             owner_sizes = [part.rows_owned_by(o) * row for o in range(W)]
             itemsize = shard.dtype.size
