@@ -1,6 +1,9 @@
-"""AR, dense: one grouped Horovod allreduce (average) of every dense AR gradient of the step,
-exactly as ``hvd.DistributedGradientTape`` does, with the step's loss and health flags riding
-along (no collective of their own).
+"""AR, dense: one Horovod allreduce (average) per dense AR gradient, as
+``hvd.DistributedGradientTape`` issues them by default: each starts as soon as its gradient
+exists, so communication overlaps the rest of the backward pass, and Horovod's background
+thread fuses those ready in the same cycle into one call (the cost model charges them as one
+call of the summed bytes). The step's loss and health flags, which depend on every gradient,
+take one small allreduce of their own, issued with the last gradients.
 
 With local aggregation too: a machine's ranks hold consecutive ranks, and MPI's allreduce
 over them already crosses machines about as a two-level ring would (on the emulated 2 x 2
@@ -19,6 +22,7 @@ import tensorflow as tf
 
 from ...types import Collective, Kind, Method
 from ..accounting import ring_allreduce_bytes
+from ..tensor_ops import op_tag
 from .base import Exchange, handed_bytes
 
 
@@ -30,18 +34,18 @@ class DenseAllreduce(Exchange):
         dense = [(sync, grads[0]) for sync, grads in items if grads[0] is not None]
         if not dense:
             return [], None
-        grads = [g for _, g in dense]
-        if carried is not None and carried.dtype != grads[0].dtype:
-            carried = None  # e.g. float16 gradients: the carried vector keeps its own allreduce
-        tensors = grads + ([carried] if carried is not None else [])
         if wire.ranks > 1:
-            tensors = wire.hvd.grouped_allreduce(tensors, op=wire.hvd.Average, name="px_ar_dense",
-                                                 ignore_name_scope=True)
+            hvd = wire.hvd
+            reduced = [hvd.allreduce(g, op=hvd.Average, name=f"px_ar_{i}_{op_tag(sync.name)}", ignore_name_scope=True)
+                       for i, (sync, g) in enumerate(dense)]
+            if carried is not None:
+                carried = hvd.allreduce(carried, op=hvd.Average, name="px_ar_carried", ignore_name_scope=True)
+        else:
+            reduced = [g for _, g in dense]
         for (sync, grad) in dense:
             sent, received = self._wire_bytes(handed_bytes(grad))
             wire.ledger.add(sync.name, sent, received)
-        pairs = [(reduced, sync.variable) for (sync, _), reduced in zip(dense, tensors)]
-        return pairs, (tensors[len(grads)] if carried is not None else None)
+        return [(g, sync.variable) for (sync, _), g in zip(dense, reduced)], carried
 
     def _wire_bytes(self, handed):
         h = self.wire.hierarchy
@@ -52,5 +56,5 @@ class DenseAllreduce(Exchange):
         return sent * self.wire.remote_share, received * self.wire.remote_share
 
     def collectives(self) -> list[Collective]:
-        """One grouped allreduce for all dense AR variables together (none without any)."""
+        """The dense AR gradients' allreduces, fused by Horovod: one call (none without any)."""
         return [Collective("allreduce", 1)] if self.served else []
