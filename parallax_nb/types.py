@@ -600,9 +600,11 @@ class StepTimeCheck:
     topology; ``measured_step_time_s``: the run's median step time over ``measured_steps``
     (e.g. "steps 2-30": the first step, which traces and allocates, is left out);
     ``error_pct = 100 * (measured - predicted) / predicted``; ``basis`` says how the
-    prediction was made (calibrated or not, on which cluster)."""
+    prediction was made (calibrated or not, on which cluster), or, with
+    ``predicted_step_time_s`` None, why there is none (e.g. a calibration of another cluster
+    shape), so the measurement is still shown and the missing prediction is explained."""
 
-    predicted_step_time_s: float
+    predicted_step_time_s: float | None
     measured_step_time_s: float
     measured_steps: str
     basis: str
@@ -616,6 +618,9 @@ class StepTimeCheck:
     def line(self) -> str:
         """``step time: predicted 120.0 ms, measured 131.5 ms (median of steps 2-30), +9.6 %``"""
         pct = self.error_pct
+        if self.predicted_step_time_s is None:
+            return (f"step time: measured {self.measured_step_time_s * 1e3:.1f} ms (median of {self.measured_steps}); "
+                    f"{self.basis}")
         return (f"step time: predicted {self.predicted_step_time_s * 1e3:.1f} ms, measured "
                 f"{self.measured_step_time_s * 1e3:.1f} ms (median of {self.measured_steps}), "
                 + ("error n/a" if pct is None else f"{pct:+.1f} %") + f" [{self.basis}]")

@@ -364,7 +364,8 @@ def _executed_toy(plan, machines: int, workers: int):
 
 def test_step_time_predicted_against_measured_after_the_run(planned_run):
     """Once done, the view shows the estimate of what ran beside the median step time of
-    steps 2.. (step 1, the warm-up, left out), with the error in %."""
+    steps 2.. (step 1, the warm-up, left out), with the error in %; when no estimate can be
+    made, the measurement and the reason."""
     from parallax_nb import cost
 
     run, plan = planned_run
@@ -383,12 +384,17 @@ def test_step_time_predicted_against_measured_after_the_run(planned_run):
     assert "uncalibrated" in check.basis
     assert f"measured 60.0 ms (median of steps 2-4), {check.error_pct:+.1f} %" in view.status.value
     assert check.line() in view.status_text()
-    # a profile of another model gives no prediction, and the view still draws
+    # a profile of another model gives no prediction: the view shows the measurement and why
     import dataclasses
 
     run.profile = dataclasses.replace(_profile(), variables=(
         dataclasses.replace(_profile().variables[0], name="other/embeddings"), *_profile().variables[1:]))
-    assert run.step_time_check() is None and "step time:" not in RunView(run).status_text()
+    check = run.step_time_check()
+    assert check.predicted_step_time_s is None and check.error_pct is None
+    assert check.measured_step_time_s == pytest.approx(0.06)
+    assert check.basis.startswith("no prediction: ") and "other/embeddings" in check.basis, check.basis
+    assert check.line().startswith("step time: measured 60.0 ms (median of steps 2-4); no prediction: ")
+    assert check.line() in RunView(run).status_text()
 
 
 def test_link_table_shows_payload_framing_and_coordination_beside_the_counters():

@@ -312,7 +312,7 @@ class Run:
         if not executed:
             return None
         from ..cost.against_run import check_step_time, measured_steps_text
-        from ..types import ClusterSpec
+        from ..types import ClusterSpec, StepTimeCheck
 
         ran = ExecutedPlan.from_dict(executed)
         planned = getattr(self.plan, "cluster", None) or ClusterSpec(machines=1)
@@ -324,8 +324,13 @@ class Run:
         try:
             return check_step_time(self.profile, ran, spec, self.measured_step_time_s(),
                                    measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration)
-        except ParallaxError:   # a profile of another model: no prediction, the run stands
-            return None
+        except ParallaxError as e:   # e.g. a profile of another model: the run stands, the reason is shown
+            measured = self.measured_step_time_s()
+            if measured is None or measured != measured:
+                return None
+            return StepTimeCheck(predicted_step_time_s=None, measured_step_time_s=float(measured),
+                                 measured_steps=measured_steps_text(records[0]["step"], records[-1]["step"]),
+                                 basis=f"no prediction: {e.message}")
 
     def predicted_bytes_by_variable(self) -> dict[str, float]:
         """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.
