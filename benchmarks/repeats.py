@@ -30,7 +30,10 @@ TARGETS = (
 
 
 def _key(setting: dict) -> tuple:
-    return setting["workload_name"] if "workload_name" in setting else setting["workload"], setting["network"]
+    """A setting is its workload, its rank count and its network (2 and 4 ranks on loopback
+    are two settings)."""
+    workload = setting["workload_name"] if "workload_name" in setting else setting["workload"]
+    return workload, setting["ranks"], setting["network"]
 
 
 def spread(values: list[float]) -> dict:
@@ -47,7 +50,7 @@ def summarise(runs: list[dict]) -> list[dict]:
         for s in run["settings"]:
             by_setting.setdefault(_key(s), []).append(s)
     out = []
-    for (workload, network), settings in by_setting.items():
+    for (workload, ranks, network), settings in by_setting.items():
         configs = []
         names = [n for n in settings[0]["configs"]]
         for name in names:
@@ -59,7 +62,7 @@ def summarise(runs: list[dict]) -> list[dict]:
                 if row and base and name != "horovod":
                     ratios.append(row["steps_per_s"] / base["steps_per_s"])
             configs.append({"config": name, "steps_per_s": spread(steps), "vs_horovod": spread(ratios)})
-        out.append({"workload": workload, "ranks": settings[0]["ranks"], "network": network, "configs": configs})
+        out.append({"workload": workload, "ranks": ranks, "network": network, "configs": configs})
     return out
 
 
@@ -126,7 +129,7 @@ def main(paths: list[str]) -> int:
     for path in paths:
         with open(path) as f:
             docs.append(json.load(f))
-    summary = [s for d in docs for s in d["summary"]]
+    summary = [s for d in docs for s in summarise(d["runs"])]   # from every kept run, not a stored summary
     merged = {"runs": [r for d in docs for r in d["runs"]], "machine": docs[0]["machine"],
               "command": " && ".join(d["command"] for d in docs), "summary": summary, "targets": targets(summary)}
     print(render(merged))

@@ -38,3 +38,26 @@ def test_bad_network_is_a_config_error(text):
 
 def test_network_parses():
     assert bench_comm.parse_network("4x2@10Gbit/s") == (4, 2, "10Gbit/s")
+
+
+def test_repeated_invocations_keep_rank_counts_apart(monkeypatch):
+    """2 and 4 ranks of one workload on loopback are two settings: their medians and ratios are
+    never pooled (they once were, which reported the CNN's 2-rank ratio over 6 runs of both)."""
+    import repeats
+
+    monkeypatch.setattr(repeats.report, "_row", lambda s, name: {"steps_per_s": s["steps"][name]})
+
+    def setting(ranks, horovod, ar):
+        return {"workload": "cnn", "ranks": ranks, "network": "loopback", "configs": {"horovod": {}, "ar": {}},
+                "steps": {"horovod": horovod, "ar": ar}}
+
+    runs = [{"settings": [setting(2, 40.0, 44.0), setting(4, 20.0, 19.0)]},
+            {"settings": [setting(2, 38.0, 38.0), setting(4, 18.0, 18.9)]},
+            {"settings": [setting(2, 42.0, 46.2), setting(4, 19.0, 20.9)]}]
+    summary = {(s["ranks"], s["network"]): s for s in repeats.summarise(runs)}
+    assert sorted(summary) == [(2, "loopback"), (4, "loopback")]
+    two = {c["config"]: c for c in summary[2, "loopback"]["configs"]}
+    four = {c["config"]: c for c in summary[4, "loopback"]["configs"]}
+    assert two["ar"]["vs_horovod"] == dict(median=1.1, min=1.0, max=1.1, runs=3)
+    assert four["ar"]["vs_horovod"]["median"] == pytest.approx(1.05) and four["ar"]["vs_horovod"]["runs"] == 3
+    assert four["horovod"]["steps_per_s"] == dict(median=19.0, min=18.0, max=20.0, runs=3)
