@@ -294,7 +294,7 @@ class ParallaxMagics(Magics):
             return make_plan(prof, ClusterSpec(machines=args.engines), architecture)
         from .runtime.reference import default_plan
 
-        return default_plan(job, architecture.value)
+        return default_plan(job, architecture.value, ranks=args.engines)
 
     def _do_run(self, args) -> None:
         from .cluster import dispatch

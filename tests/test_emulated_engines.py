@@ -168,7 +168,7 @@ def idle_link_rate(seconds: float) -> tuple[float, float]:
 def _hybrid_run(job, profile, steps=STEPS, **kwargs):
     from parallax_nb.runtime.reference import default_plan
 
-    plan = default_plan(job, "hybrid")
+    plan = default_plan(job, "hybrid", ranks=4)
     assert plan.ps_variables and plan.local_aggregation
     return px.run(job, plan, engines=4, steps=steps, display=False, profile=profile, wait=False, **kwargs)
 

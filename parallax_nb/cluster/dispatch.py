@@ -377,7 +377,7 @@ def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, opt
             the_run.set_phase("planning HYBRID from the variable kinds (one single-device step)")
             from ..runtime.reference import default_plan
 
-            the_run.plan = default_plan(job)
+            the_run.plan = default_plan(job, ranks=the_run.engines)
             the_run.architecture = the_run.plan.architecture.value
         plan = the_run.plan
         plan_dict = plan if isinstance(plan, dict) or plan is None else plan.to_dict()

@@ -69,8 +69,10 @@ def variable_kinds(job: Job) -> dict:
             for v, g in zip(model.trainable_variables, grads)}
 
 
-def default_plan(job: Job, architecture: str = "hybrid"):
-    """A plan without a profile: ``architecture`` applied to the job's variable kinds."""
+def default_plan(job: Job, architecture: str = "hybrid", ranks: int | None = None):
+    """A plan without a profile: ``architecture`` applied to the job's variable kinds; PS
+    variables get one partition per rank when the ``ranks`` it will run on are known (else 1,
+    every variable whole on rank 0)."""
     from ..plan import plan_for_kinds
 
-    return plan_for_kinds(variable_kinds(job), architecture, model_name=job.name)
+    return plan_for_kinds(variable_kinds(job), architecture, partitions=ranks or 1, model_name=job.name)
