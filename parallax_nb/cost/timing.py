@@ -18,8 +18,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   runs a step's collectives from one background thread in the order the ranks agree on, and
   parallax_nb's lookups feed the forward pass, so most calls cannot hide behind compute; a
   runtime that overlaps more is faster than estimated.
-* The dense AR gradients of a step are one grouped allreduce (Horovod's tensor fusion): its
-  latency is paid once per step, its bytes are the sum of theirs.
+* The dense AR gradients of a step are allreduced one by one and fused by Horovod's
+  background thread (tensor fusion): charged as one call, its latency paid once per step,
+  its bytes the sum of theirs.
 * One rank (``W = 1``) issues no collective: the step is compute only.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 gradients go to the exchange of its (method, kind) (:mod:`.exchanges`).
 
 An AR variable goes by its gradient: an ``IndexedSlices`` gradient is allgathered, a dense one
-joins the grouped allreduce, whatever the profile called it. A PS variable goes by its kind:
+is allreduced, whatever the profile called it. A PS variable goes by its kind:
 sparse when the model reads it through ``embedding_lookup`` (then its rows are served by the
 lookups), dense otherwise.
 

@@ -4,7 +4,7 @@ the ranks inside the train step (DESIGN.md §5, §9). The cost side's table
 
 | (method, kind) | exchange | collectives per step (no local aggregation) |
 |---|---|---|
-| AR, dense | :class:`DenseAllreduce` | 1 grouped allreduce for every dense AR variable |
+| AR, dense | :class:`DenseAllreduce` | 1 allreduce per dense AR variable, fused by Horovod (charged as 1) |
 | AR, sparse | :class:`SparseAllgather` | 2 allgathers per variable (values, indices) |
 | PS, dense | :class:`DensePS` | 2 alltoalls per variable (push, pull) |
 | PS, sparse | :class:`SparsePS` | 3 alltoalls per lookup (ids, rows, row gradients) |
