@@ -45,3 +45,23 @@ def live(x: tf.Tensor) -> tf.Tensor:
         with tf.init_scope():
             _LIVE_ZERO.append(tf.Variable(0.0, trainable=False, name="px_live_zero"))
     return x + tf.cast(_LIVE_ZERO[0], x.dtype)
+
+
+def custom_gradient_names() -> set[str]:
+    """The gradient functions ``tf.custom_gradient`` has registered in this process so far."""
+    from tensorflow.python.framework import ops as tf_ops
+
+    return {name for name in tf_ops._gradient_registry._registry if name.startswith("CustomGradient-")}
+
+
+def forget_custom_gradients_since(before: set[str]) -> None:
+    """Drop the ``tf.custom_gradient`` registrations made since ``before`` was taken
+    (:func:`custom_gradient_names`). Call it once a trace that nothing will differentiate is
+    built: each registration keeps its whole traced graph alive for the life of the process
+    (tensorflow#27492). Besides the lookups' row exchanges, Keras' optimizer registers one in
+    every trace whose gradients are all dense (``ReplicaContext.all_reduce``)."""
+    from tensorflow.python.framework import ops as tf_ops
+
+    registry = tf_ops._gradient_registry._registry
+    for name in custom_gradient_names() - before:
+        registry.pop(name, None)

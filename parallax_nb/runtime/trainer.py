@@ -50,6 +50,7 @@ from .sharded import RecordingRouter, ShardedVariable, release_storage, route_em
 from .hierarchical import Hierarchy
 from .optimizer import take_over
 from .sync import GradientExchange, VariableSync
+from .tensor_ops import custom_gradient_names, forget_custom_gradients_since
 from .topology import Topology, gather_topology
 from . import guards
 from .watchdog import KEEP, SLOW_LIMIT_S, STEP, Watchdog, start_watchdog
@@ -251,6 +252,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
     def _step(self, x, y):
+        """The train step as ``tf.function`` traces it (:meth:`_step_graph`), leaving none of
+        its ``tf.custom_gradient`` registrations behind (:func:`.tensor_ops.forget_custom_gradients_since`)."""
+        registered = custom_gradient_names()
+        try:
+            return self._step_graph(x, y)
+        finally:
+            forget_custom_gradients_since(registered)
+
+    def _step_graph(self, x, y):
         hvd = self.hvd
         self.ledger.clear()
         self.router.reset()
