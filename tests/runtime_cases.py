@@ -68,9 +68,9 @@ def _noting_placement(build, into: dict):
     return build_noting_placement
 
 
-# The LM with tables large enough that reading a whole table per step would show: 300,000 x
-# 64 float32 rows (77 MB) for the embedding and for the sampled softmax.
-LARGE_TABLES = dict(vocab_size=300_000, embedding_dim=64)
+# The LM with tables large enough that reading a whole table per step would show: 400,000 x
+# 64 float32 rows (102 MB) for the embedding and for the sampled softmax.
+LARGE_TABLES = dict(vocab_size=400_000, embedding_dim=64)
 
 
 def compute_against_step(steps: int) -> dict:
@@ -81,7 +81,7 @@ def compute_against_step(steps: int) -> dict:
     from parallax_nb.runtime.trainer import Trainer
 
     job = make_job("lm", "sgd", **LARGE_TABLES)
-    calibrated = measure_on_rank(job=job, sizes_bytes=(4 << 10, 64 << 10), repeats=2, idle_s=0.1)
+    calibrated = measure_on_rank(job=job, sizes_bytes=(4 << 10, 64 << 10), repeats=2, idle_s=0.1, compute_steps=10)
     result = Trainer(job, make_plan(job, "ar", None)).run(steps)
     return {"calibration": calibrated, "steps_s": [r.step_time_s for r in result.history]}
 

@@ -387,12 +387,12 @@ def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
 
 
 def test_calibrated_compute_is_no_more_than_a_step_of_the_run(two_rank_runs):
-    """px.calibrate's compute per step of the LM with two 77 MB tables, measured on the 2 ranks
+    """px.calibrate's compute per step of the LM with two 102 MB tables, measured on the 2 ranks
     of the launch, against the runtime's own median step (steps 3-12, AR) on the same ranks
-    right after: the compute is part of a step, so it may not exceed 1.5 x the step (the 0.5
-    is scheduling noise on shared cores). Reading the tables as Keras's Embedding does (the
-    whole table per step, copied once rows were updated) made the compute 15 ms against a
-    3.4 ms step."""
+    right after. The compute is part of a step, so it may not exceed it; the factor 2 absorbs
+    the noise of steps of a few ms on 2 shared cores (measured 0.5-1.45 x the step). Reading
+    the tables as Keras's Embedding does (the whole table per step, copied once its rows were
+    updated) made the compute 21 ms against a 3.1 ms step (7 x)."""
     import statistics
 
     from parallax_nb.calibrate import combine
@@ -404,7 +404,7 @@ def test_calibrated_compute_is_no_more_than_a_step_of_the_run(two_rank_runs):
     assert all(len(r["steps_s"]) == COMPUTE_AGAINST_STEP_STEPS for r in per_rank)
     print(f"\ncalibrated compute {compute * 1e3:.1f} ms per step, the run's step {step * 1e3:.1f} ms "
           f"(median of steps 3-{COMPUTE_AGAINST_STEP_STEPS}, slowest rank)")
-    assert 0 < compute <= 1.5 * step, (compute, step)
+    assert 0 < compute <= 2.0 * step, (compute, step)
 
 
 def test_resume_equals_uninterrupted(two_rank_runs):
