@@ -134,6 +134,8 @@ def _calibrate_cli(capsys, *argv):
     (("--emulate", "2x2@1Gbit/s", "--hostfile", __file__), "not both"),
     (("--np", "4", "--workers-per-machine", "3"), "workers_per_machine must be a whole number >= 1 that divides np=4"),
     (("--np", "2", "--job", "no_such_module_px:job"), "no_such_module_px"),
+    (("--np", "2", "--env", "HOROVOD_CYCLE_TIME"), "--env 'HOROVOD_CYCLE_TIME' is not NAME=VALUE"),
+    (("--np", "2", "--env", "HOROVOD_CYCLE_TIME=fast"), "HOROVOD_CYCLE_TIME='fast' is not a number of milliseconds"),
 ])
 def test_cli_refuses_bad_input_before_anything_starts(capsys, tmp_path, argv, words):
     out = tmp_path / "calibration.json"
