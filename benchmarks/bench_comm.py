@@ -233,8 +233,9 @@ def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwid
 def duplicates(profile: Profile, plans: dict[str, str], configs: list[str]) -> dict[str, str]:
     """Configurations that would run the very same program as an earlier one: ``{name: twin}``.
 
-    A parallax plan with the same method and partitions for every variable as an earlier
-    plan (e.g. AUTO = HYBRID on the LM; HYBRID = AR on the all-dense CNN), and
+    A parallax plan with the same method and partitions for every variable and the same local
+    aggregation as an earlier plan (e.g. AUTO = HYBRID on the LM; HYBRID = AR on the all-dense
+    CNN), and
     ``sparse_as_dense`` on a model without sparse variables (sparse_as_dense changes nothing).
     They are run once and reported twice, marked "same as".
     """
@@ -247,7 +248,7 @@ def duplicates(profile: Profile, plans: dict[str, str], configs: list[str]) -> d
         elif c in plans:
             with open(plans[c]) as f:
                 plan = Plan.from_json(f.read())
-            key = tuple((v.name, v.method.value, v.partitions) for v in plan)
+            key = (plan.local_aggregation, tuple((v.name, v.method.value, v.partitions) for v in plan))
             if key in seen:
                 out[c] = seen[key]
             else:

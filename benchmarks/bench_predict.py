@@ -89,9 +89,20 @@ def model_cluster(machines: int, workers: int, bandwidth: str | None) -> Cluster
     return ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth)
 
 
+def run_horovod_env() -> dict:
+    """The Horovod settings every benchmark run gets (:func:`bench_comm.rank_env`)."""
+    from parallax_nb.calibration import horovod_settings
+
+    return horovod_settings(bench_comm.rank_env())
+
+
 def setting_calibration(args, spec: dict, network: str, machines: int, workers: int, bandwidth: str | None):
     """``(Calibration or None, how)``: ``--calibration`` when it is for this shape, else one
-    measured now with ``px.calibrate`` (``--calibrate``, when that API is installed), else None."""
+    measured now with ``px.calibrate`` (``--calibrate``, when that API is installed), else None.
+
+    ``--calibrate`` measures on the launch the runs will have: the same network namespaces
+    (on loopback one unshaped namespace, ``emulate="1xW"``, as :func:`bench_comm.launch`
+    places the ranks) and the same Horovod settings (:func:`run_horovod_env`)."""
     from parallax_nb.calibration import Calibration
 
     shape = (workers, 1) if bandwidth is None else (machines, workers)
@@ -107,8 +118,9 @@ def setting_calibration(args, spec: dict, network: str, machines: int, workers: 
         import worker
 
         try:
-            cal = calibrate(np=machines * workers, emulate=None if bandwidth is None else network,
-                            job=worker.make_job(spec), workers_per_machine=1 if bandwidth is None else None)
+            cal = calibrate(np=machines * workers, emulate=f"1x{workers}" if bandwidth is None else network,
+                            job=worker.make_job(spec), workers_per_machine=1 if bandwidth is None else None,
+                            env=run_horovod_env())
         except Exception as e:  # noqa: BLE001 - the benchmark goes on uncalibrated and says why
             return None, f"uncalibrated (calibrate failed: {type(e).__name__}: {e})"
         return cal, cal.label
@@ -208,13 +220,17 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
     machines, workers, bandwidth = parse_setting_network(network)
     calibration, how = setting_calibration(args, spec, network, machines, workers, bandwidth)
     prediction = predict(profile, machines, workers, bandwidth, args.configs, calibration)
+    mismatch = calibration.settings_mismatch(run_horovod_env()) if calibration is not None else ""
     print(f"== {name} {network}: predicted first ({how}): "
           + ", ".join(f"{c} {p['step_time_s'] * 1e3:.1f} ms" for c, p in prediction.items()), flush=True)
+    if mismatch:
+        print(f"   WARNING: {mismatch}", flush=True)
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
                                  args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir,
                                  calibration)
     comparison = compare_setting(prediction, run, bandwidth is not None)
-    return {"workload": name, "network": network, "calibration": how,
+    return {"workload": name, "network": network, "calibration": how, "calibration_warning": mismatch,
+            "run_horovod_env": run_horovod_env(),
             "calibration_figures": calibration.to_dict() if calibration is not None else None,
             "prediction": prediction, "run": run, "comparison": comparison}
 

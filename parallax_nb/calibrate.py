@@ -18,20 +18,29 @@ this process combines their figures:
   the slowest rank);
 * ``coordination_bytes_per_s`` / ``coordination_packets_per_s`` = the mean over machines of
   what each machine's link carried per second while Horovod ran idle (0 without a link to
-  read: on one host, or on real hosts without ``link_interface``).
+  read: on one host, or on real hosts without ``link_interface``);
+* ``busy_coordination_bytes_per_s``: the same while every rank computes (during the job's
+  timed steps, or :func:`~parallax_nb.runtime.calibrate.measure_on_rank`'s stand-in load
+  without a job);
+* ``horovod_env``: the Horovod settings the ranks ran with (rank 0's; every rank gets the same
+  environment).
+
+Measure under the settings of the run to be predicted: the ranks get this process's
+environment plus ``env`` (e.g. ``env={"HOROVOD_CYCLE_TIME": "0.1"}`` for a run started with
+it), forwarded to the ranks of a hostfile or an emulated network too.
 """
 from __future__ import annotations
 
 import os
 import time
 
-from .calibration import Calibration, fit_collective
+from .calibration import Calibration, fit_collective, horovod_cycle_time_ms
 from .errors import ConfigError, JobError
 
 
 def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str | None = None, job=None,
               workers_per_machine: int | None = None, link_interface: str | None = None,
-              timeout_s: float = 300.0, echo: bool = False) -> Calibration:
+              timeout_s: float = 300.0, echo: bool = False, env: dict | None = None) -> Calibration:
     """Measure this cluster and return its :class:`Calibration` (module docstring).
 
     ``np``: ranks (default 2; with ``emulate`` the emulated network's machines x ranks).
@@ -42,7 +51,9 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     ranks r // G as one machine (as ``run --workers-per-machine``; default: the hosts).
     ``link_interface``: on real hosts, the network interface whose counters give Horovod's
     idle traffic (the emulated network names its own). ``echo``: copy the ranks' output to
-    stderr. Raises :class:`ConfigError` for bad arguments before anything starts.
+    stderr. ``env``: environment variables for the ranks besides this process's, e.g. the
+    run's ``HOROVOD_CYCLE_TIME`` (module docstring). Raises :class:`ConfigError` for bad
+    arguments before anything starts.
     """
     from .launch import _check_np, check_host_resources, run_on_ranks
     from .runtime.calibrate import measure_on_rank
@@ -63,6 +74,7 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
                           f"got {workers_per_machine!r}")
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    env = _check_env(env)
     job_arg = _check_job(job)
     if hostfile is None:
         check_host_resources(np)
@@ -70,13 +82,13 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     if network is None:
         where = hostfile or "loopback"
         per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=hostfile, timeout_s=timeout_s,
-                                echo=echo)
+                                echo=echo, env=env)
     else:
         where = f"emulated {network.spec}"
         with network:
             kwargs["link_interface"] = network.interface
             per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=network.hostfile,
-                                    mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo)
+                                    mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo, env=env)
     return combine(per_rank, where)
 
 
@@ -89,6 +101,23 @@ def _network(emulate, hostfile):
         raise ConfigError("give either emulate= (an emulated network makes its own hostfile) or hostfile=, not both")
     network = EmulatedCluster.from_spec(emulate)   # a ConfigError for a spec it cannot read
     return network
+
+
+def _check_env(env) -> dict:
+    """``env`` as ``{str: str}``, or a ConfigError naming the bad entry."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"calibrate(env=...) needs a dict of environment variables, got {type(env).__name__}",
+                          hint='pass env={"HOROVOD_CYCLE_TIME": "0.1"}')
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
+            raise ConfigError(f"calibrate(env=...) entry {key!r}: {value!r} is not NAME: 'text'",
+                              hint='pass env={"HOROVOD_CYCLE_TIME": "0.1"}')
+    if horovod_cycle_time_ms(env) is None:
+        raise ConfigError(f"HOROVOD_CYCLE_TIME={env['HOROVOD_CYCLE_TIME']!r} is not a number of milliseconds >= 0",
+                          hint='pass env={"HOROVOD_CYCLE_TIME": "0.1"}')
+    return dict(env)
 
 
 def _check_job(job):
@@ -119,13 +148,24 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
     compute = {}
     if first["compute"] is not None:
         compute[first["compute"]["model"]] = max(r["compute"]["median_step_s"] for r in per_rank)
-    links = [r["link"] for r in per_rank if r["link"] is not None]
-    bytes_per_s = sum(link["bytes"] / link["seconds"] for link in links) / len(links) if links else 0.0
-    packets_per_s = sum(link["packets"] / link["seconds"] for link in links) / len(links) if links else 0.0
+    several = first["machines"] > 1
+    bytes_per_s, packets_per_s = _link_rates([r["link"] for r in per_rank])
+    busy_bytes_per_s, _ = _link_rates([r.get("busy_link") for r in per_rank])
     return Calibration(first["machines"], first["workers_per_machine"], fits, compute,
-                       coordination_bytes_per_s=bytes_per_s if first["machines"] > 1 else 0.0,
-                       coordination_packets_per_s=packets_per_s if first["machines"] > 1 else 0.0,
-                       measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                       coordination_bytes_per_s=bytes_per_s if several else 0.0,
+                       coordination_packets_per_s=packets_per_s if several else 0.0,
+                       busy_coordination_bytes_per_s=busy_bytes_per_s if several else 0.0,
+                       measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       horovod_env=first.get("horovod_env", {}))
+
+
+def _link_rates(readings) -> tuple[float, float]:
+    """Mean over the machines' link readings of bytes and packets per second (0 without one)."""
+    links = [link for link in readings if link is not None]
+    if not links:
+        return 0.0, 0.0
+    return (sum(link["bytes"] / link["seconds"] for link in links) / len(links),
+            sum(link["packets"] / link["seconds"] for link in links) / len(links))
 
 
 def fits_table(calibration: Calibration) -> str:
@@ -137,9 +177,12 @@ def fits_table(calibration: Calibration) -> str:
                      f"{100 * fit.max_relative_error:>8.1f}% {fit.samples:>5}")
     for model, seconds in sorted(calibration.compute_time_s.items()):
         lines.append(f"compute of {model}: {seconds * 1e3:.1f} ms per step (slowest rank, all ranks computing)")
+    settings = ", ".join(f"{k}={v}" for k, v in calibration.horovod_env.items()) or "Horovod's defaults"
+    lines.append(f"Horovod cycle time {calibration.horovod_cycle_time_ms:g} ms ({settings})")
     if calibration.coordination_packets_per_s > 0:
         lines.append(f"Horovod idle, per machine link: {calibration.coordination_bytes_per_s / 1e3:.1f} KB/s, "
-                     f"{calibration.coordination_packets_per_s:.0f} packets/s")
+                     f"{calibration.coordination_packets_per_s:.0f} packets/s; with every rank computing: "
+                     f"{calibration.step_coordination_bytes_per_s / 1e3:.1f} KB/s")
     elif calibration.machines > 1:
         lines.append("Horovod idle, per machine link: not measured (no link counters to read: one host, or "
                      "real hosts without --link-interface)")

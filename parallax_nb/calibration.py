@@ -18,6 +18,15 @@ slice of an allgather, everything the rank sends in an alltoall. ``op`` is one o
 A calibration is for one cluster shape (machines x ranks per machine): a calibration of
 another shape is refused by :meth:`Calibration.check_shape` with both shapes named.
 
+It is also for one set of Horovod settings: Horovod's background loop negotiates once per
+``HOROVOD_CYCLE_TIME`` (:data:`DEFAULT_HOROVOD_CYCLE_TIME_MS` unless set), which sets both
+what an idle link carries and what a collective waits before it starts. The calibration
+records the :data:`HOROVOD_TIMING_SETTINGS` its ranks ran with (``horovod_env``) and the cycle time
+they give (``horovod_cycle_time_ms``); :meth:`Calibration.settings_mismatch` says when a run
+used others. A file written before these were recorded loads with an empty ``horovod_env``
+and Horovod's default cycle time (what ``px.calibrate`` ran under unless the shell set one),
+and without a busy coordination rate (the idle rate stands in for it).
+
 Pure Python: no TensorFlow, no numpy.
 """
 from __future__ import annotations
@@ -37,6 +46,33 @@ SCOPES = ("all", "machine", "cross")
 DEFAULT_MACHINE_LATENCY_S = 50e-6
 DEFAULT_MACHINE_BANDWIDTH_BPS = 40e9
 DEFAULT_CALL_OVERHEAD_S = 200e-6
+#: Horovod's cycle time when ``HOROVOD_CYCLE_TIME`` is unset (Horovod >= 0.21), milliseconds.
+DEFAULT_HOROVOD_CYCLE_TIME_MS = 1.0
+#: The Horovod variables that change how often its ranks negotiate and how a collective runs,
+#: so what an idle link carries and what a call costs: a calibration records them.
+HOROVOD_TIMING_SETTINGS = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_AUTOTUNE",
+                           "HOROVOD_FUSION_THRESHOLD", "HOROVOD_DISABLE_GROUP_FUSION",
+                           "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER",
+                           "HOROVOD_TORUS_ALLREDUCE", "HOROVOD_MPI_THREADS_DISABLE")
+
+
+def horovod_settings(environ) -> dict:
+    """``{name: value}`` of the :data:`HOROVOD_TIMING_SETTINGS` set in ``environ``."""
+    return {k: str(environ[k]) for k in HOROVOD_TIMING_SETTINGS if k in (environ or {})}
+
+
+def horovod_cycle_time_ms(environ) -> float | None:
+    """The cycle time (ms) Horovod runs with under ``environ`` (a mapping of environment
+    variables): ``HOROVOD_CYCLE_TIME`` when set, else :data:`DEFAULT_HOROVOD_CYCLE_TIME_MS`;
+    None when it is set to something that is not a number >= 0."""
+    text = (environ or {}).get("HOROVOD_CYCLE_TIME")
+    if text is None or str(text).strip() == "":
+        return DEFAULT_HOROVOD_CYCLE_TIME_MS
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _finite(name: str, value, minimum: float = 0.0, strict: bool = False) -> float:
@@ -104,10 +140,15 @@ class Calibration:
     ``compute_time_s`` maps a model name to the seconds of one step's compute with every rank
     computing at once under the real placement (ranks sharing cores or devices), no
     communication. ``coordination_bytes_per_s`` and ``coordination_packets_per_s`` are what a
-    machine's network link carries while Horovod runs but nothing trains (its background
-    negotiation); 0 on one machine or when no link counter could be read. ``measured`` is
+    machine's network link carries while Horovod runs but nothing trains and the cores are
+    free (its background negotiation, idle); ``busy_coordination_bytes_per_s`` the same while
+    every rank computes (the cores busy, as in a step: the loop then negotiates far less often;
+    None when not measured, in files written before it was). All 0 on one machine or when no
+    link counter could be read. ``measured`` is
     False for :meth:`defaults`; ``where`` says what was measured (``"loopback"``, a hostfile,
-    ``"emulated 2x2@1Gbit/s"``) and ``created`` when (ISO 8601, UTC).
+    ``"emulated 2x2@1Gbit/s"``) and ``created`` when (ISO 8601, UTC). ``horovod_env``: the
+    ``HOROVOD_*`` environment variables the ranks ran with; ``horovod_cycle_time_ms`` the cycle
+    time they give (module docstring).
     """
 
     machines: int
@@ -119,6 +160,8 @@ class Calibration:
     measured: bool = True
     where: str = ""
     created: str = ""
+    horovod_env: dict = field(default_factory=dict, hash=False)
+    busy_coordination_bytes_per_s: float | None = None
 
     def __post_init__(self):
         for name in ("machines", "workers_per_machine"):
@@ -137,7 +180,50 @@ class Calibration:
                                                     for k, v in dict(self.compute_time_s).items()})
         for name in ("coordination_bytes_per_s", "coordination_packets_per_s"):
             object.__setattr__(self, name, _finite(name, getattr(self, name)))
+        if self.busy_coordination_bytes_per_s is not None:
+            object.__setattr__(self, "busy_coordination_bytes_per_s",
+                               _finite("busy_coordination_bytes_per_s", self.busy_coordination_bytes_per_s))
+        if not isinstance(self.horovod_env, dict) or not all(
+                k in HOROVOD_TIMING_SETTINGS and isinstance(v, str) for k, v in self.horovod_env.items()):
+            raise ConfigError(f"calibration horovod_env must map Horovod settings to strings, got {self.horovod_env!r}",
+                              hint=f"names among {', '.join(HOROVOD_TIMING_SETTINGS)}")
+        object.__setattr__(self, "horovod_env", dict(sorted(self.horovod_env.items())))
+        if horovod_cycle_time_ms(self.horovod_env) is None:
+            raise ConfigError(f"calibration horovod_env has HOROVOD_CYCLE_TIME="
+                              f"{self.horovod_env['HOROVOD_CYCLE_TIME']!r}, not a number of milliseconds >= 0")
 
+    @property
+    def step_coordination_bytes_per_s(self) -> float:
+        """Horovod's coordination on a machine's link during a training step, bytes per second:
+        the busy rate when measured, else (older files) the idle rate, an upper bound."""
+        busy = self.busy_coordination_bytes_per_s
+        return self.coordination_bytes_per_s if busy is None else busy
+
+    @property
+    def horovod_cycle_time_ms(self) -> float:
+        """Horovod's cycle time (ms) during the calibration (module docstring)."""
+        return horovod_cycle_time_ms(self.horovod_env)
+
+    def settings_mismatch(self, run_horovod_env) -> str:
+        """"" when a run whose environment held ``run_horovod_env`` (a mapping; None: not known)
+        ran under this calibration's Horovod settings, else a sentence naming the differences
+        (the cycle time first: it sets the idle link traffic and the wait before each collective)."""
+        if not self.measured or run_horovod_env is None:
+            return ""
+        run = horovod_settings(run_horovod_env)
+        differences = []
+        ours, theirs = self.horovod_cycle_time_ms, horovod_cycle_time_ms(run)
+        if theirs != ours:
+            differences.append(f"HOROVOD_CYCLE_TIME {_ms(ours)} in the calibration, {_ms(theirs)} in the run")
+        for key in sorted((set(self.horovod_env) | set(run)) - {"HOROVOD_CYCLE_TIME"}):
+            if self.horovod_env.get(key) != run.get(key):
+                differences.append(f"{key} {self.horovod_env.get(key, 'unset')!s} in the calibration, "
+                                   f"{run.get(key, 'unset')!s} in the run")
+        if not differences:
+            return ""
+        return ("calibrated under other Horovod settings than the run (" + "; ".join(differences)
+                + "): its coordination traffic and per-call times are not the run's; calibrate with the "
+                  "run's environment")
     @property
     def workers(self) -> int:
         return self.machines * self.workers_per_machine
@@ -152,7 +238,8 @@ class Calibration:
         """What an estimate made with this calibration says about its time figures."""
         if not self.measured:
             return "uncalibrated (defaults)"
-        return f"calibrated on {self.where or self.shape}" + (f", {self.created}" if self.created else "")
+        return (f"calibrated on {self.where or self.shape}, Horovod cycle {self.horovod_cycle_time_ms:g} ms"
+                + (f", {self.created}" if self.created else ""))
 
     def fit(self, op: str, scope: str = "all") -> CollectiveFit:
         """The fit of ``op`` in ``scope``; a scope not measured falls back to "all"."""
@@ -215,7 +302,9 @@ class Calibration:
             "compute_time_s": dict(sorted(self.compute_time_s.items())),
             "coordination_bytes_per_s": self.coordination_bytes_per_s,
             "coordination_packets_per_s": self.coordination_packets_per_s,
+            "busy_coordination_bytes_per_s": self.busy_coordination_bytes_per_s,
             "measured": self.measured, "where": self.where, "created": self.created,
+            "horovod_env": dict(self.horovod_env), "horovod_cycle_time_ms": self.horovod_cycle_time_ms,
         }
 
     def to_json(self, path: str | None = None) -> str:
@@ -238,7 +327,8 @@ class Calibration:
                        coordination_bytes_per_s=d.get("coordination_bytes_per_s", 0.0),
                        coordination_packets_per_s=d.get("coordination_packets_per_s", 0.0),
                        measured=bool(d.get("measured", True)), where=str(d.get("where", "")),
-                       created=str(d.get("created", "")))
+                       created=str(d.get("created", "")), horovod_env=d.get("horovod_env", {}),
+                       busy_coordination_bytes_per_s=d.get("busy_coordination_bytes_per_s"))
         except KeyError as e:
             raise ConfigError(f"calibration lacks field {e.args[0]!r}",
                               hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None
@@ -250,6 +340,10 @@ class Calibration:
     def from_json(cls, path_or_text: str) -> "Calibration":
         from .jsonfile import load_json
         return cls.from_dict(load_json(path_or_text, what="calibration"))
+
+
+def _ms(value: float | None) -> str:
+    return "unreadable" if value is None else f"{value:g} ms"
 
 
 def fit_collective(bytes_per_call, seconds_per_call) -> CollectiveFit:

@@ -263,7 +263,8 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
     numpy arrays and plain values). Raises :class:`DistributedError` when a rank raises (its
     rank and traceback in the message), when mpirun fails, or after ``timeout_s`` seconds
     (then every process started is killed). ``hostfile`` and ``mpi_args`` as in
-    :func:`mpirun_command`.
+    :func:`mpirun_command`; ``env``: variables for the ranks besides this process's
+    environment (exported to the hosts of a hostfile too).
     """
     import cloudpickle
 
@@ -275,8 +276,11 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         payload = os.path.join(workdir, "payload.pkl")
         with open(payload, "wb") as f:
             cloudpickle.dump((fn, tuple(args), dict(kwargs or {})), f)
+        # ranks on other hosts get only the variables named with -x: ``env``'s too
+        forwarded = [a for k in (env or {}) if hostfile is not None and not (k in FORWARDED_ENV and k in os.environ)
+                     for a in ("-x", k)]
         cmd = mpirun_command(np, [sys.executable, "-m", "parallax_nb.launch", "rank", payload, workdir],
-                             hostfile=hostfile, mpi_args=mpi_args)
+                             hostfile=hostfile, mpi_args=[*forwarded, *mpi_args])
         proc = start_mpirun(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}))
         pump = OutputPump(proc.stdout, echo)

@@ -475,7 +475,8 @@ class Estimate:
     says which figures priced the calls (``"uncalibrated (defaults)"`` without a measurement).
     ``link`` is what a machine's link carries per step as its counters count it
     (:func:`parallax_nb.cost.link.predict_link_bytes`: the model's bytes with TCP/IP framing,
-    plus Horovod's own coordination, the calibration's idle rate times ``step_time_s``; 0
+    plus Horovod's own coordination, the calibration's rate with every rank computing times
+    ``step_time_s``; 0
     uncalibrated or on one machine), kept apart from the model's ``bytes_per_machine_per_step``.
     ``examples_per_s = workers * batch_size / step_time_s``. ``speedup_vs_ar`` /
     ``speedup_vs_ps`` = step time of all-AR / all-PS divided by this step time (> 1: this
@@ -602,12 +603,15 @@ class StepTimeCheck:
     ``error_pct = 100 * (measured - predicted) / predicted``; ``basis`` says how the
     prediction was made (calibrated or not, on which cluster), or, with
     ``predicted_step_time_s`` None, why there is none (e.g. a calibration of another cluster
-    shape), so the measurement is still shown and the missing prediction is explained."""
+    shape), so the measurement is still shown and the missing prediction is explained;
+    ``warning`` why the comparison is not like for like ("" when it is: e.g. a calibration
+    taken under another Horovod cycle time than the run's)."""
 
     predicted_step_time_s: float | None
     measured_step_time_s: float
     measured_steps: str
     basis: str
+    warning: str = ""
 
     @property
     def error_pct(self) -> float | None:
@@ -623,8 +627,10 @@ class StepTimeCheck:
                     f"{self.basis}")
         return (f"step time: predicted {self.predicted_step_time_s * 1e3:.1f} ms, measured "
                 f"{self.measured_step_time_s * 1e3:.1f} ms (median of {self.measured_steps}), "
-                + ("error n/a" if pct is None else f"{pct:+.1f} %") + f" [{self.basis}]")
+                + ("error n/a" if pct is None else f"{pct:+.1f} %") + f" [{self.basis}]"
+                + (f" WARNING: {self.warning}" if self.warning else ""))
 
     def to_dict(self) -> dict:
         return {"predicted_step_time_s": self.predicted_step_time_s, "measured_step_time_s": self.measured_step_time_s,
-                "measured_steps": self.measured_steps, "error_pct": self.error_pct, "basis": self.basis}
+                "measured_steps": self.measured_steps, "error_pct": self.error_pct, "basis": self.basis,
+                "warning": self.warning}

@@ -68,15 +68,37 @@ def _noting_placement(build, into: dict):
     return build_noting_placement
 
 
+# The LM with tables large enough that reading a whole table per step would show: 400,000 x
+# 64 float32 rows (102 MB) for the embedding and for the sampled softmax.
+LARGE_TABLES = dict(vocab_size=400_000, embedding_dim=64)
+
+
+def compute_against_step(steps: int) -> dict:
+    """The calibration of the LM with :data:`LARGE_TABLES` and the runtime's own step times
+    training it (AR), on the same ranks of one launch: ``{"calibration": this rank's
+    measure_on_rank figures, "steps_s": this rank's step times}``."""
+    from parallax_nb.runtime.calibrate import measure_on_rank
+    from parallax_nb.runtime.trainer import Trainer
+
+    job = make_job("lm", "sgd", **LARGE_TABLES)
+    calibrated = measure_on_rank(job=job, sizes_bytes=(4 << 10, 64 << 10), repeats=2, idle_s=0.1, compute_steps=10)
+    result = Trainer(job, make_plan(job, "ar", None)).run(steps)
+    return {"calibration": calibrated, "steps_s": [r.step_time_s for r in result.history]}
+
+
 def run_cases(cases: list[dict]) -> list[dict]:
     """Every case in order; a case ``{"calibrate": kwargs}`` measures the collectives and the
-    compute of the LM instead (:func:`parallax_nb.runtime.calibrate.measure_on_rank`)."""
+    compute of the LM instead (:func:`parallax_nb.runtime.calibrate.measure_on_rank`), a case
+    ``{"compute_against_step": kwargs}`` runs :func:`compute_against_step`."""
     results = []
     for case in cases:
         if "calibrate" in case:
             from parallax_nb.runtime.calibrate import measure_on_rank
 
             results.append(measure_on_rank(job=make_job("lm", "sgd"), **case["calibrate"]))
+            continue
+        if "compute_against_step" in case:
+            results.append(compute_against_step(**case["compute_against_step"]))
             continue
         if case.get("copy_checkpoint"):
             src, dst = case["copy_checkpoint"]

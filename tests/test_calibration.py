@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from parallax_nb.calibration import Calibration, CollectiveFit
+from parallax_nb.calibration import DEFAULT_HOROVOD_CYCLE_TIME_MS, Calibration, CollectiveFit
 from parallax_nb.errors import ConfigError
 
 
@@ -13,7 +13,8 @@ def measured() -> Calibration:
     return Calibration(2, 2, {"allreduce/all": CollectiveFit(3e-4, 8e8, samples=4, max_relative_error=0.05),
                               "alltoall/cross": {"latency_s": 5e-4, "bandwidth_bps": 9e8}},
                        compute_time_s={"lm_tiny": 0.012}, coordination_bytes_per_s=6.7e5,
-                       where="emulated 2x2@1Gbit/s", created="2026-11-24T15:00:00Z")
+                       busy_coordination_bytes_per_s=2.3e4, where="emulated 2x2@1Gbit/s",
+                       created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"})
 
 
 def test_round_trip_through_json(tmp_path):
@@ -25,7 +26,34 @@ def test_round_trip_through_json(tmp_path):
     assert back.fit("alltoall", "cross").time_s(9e8 / 8) == pytest.approx(5e-4 + 1.0)
     assert back.fit("allreduce", "machine") == cal.fits["allreduce/all"]   # unmeasured scope: "all"
     assert back.compute_for("lm_tiny") == 0.012 and back.compute_for("other") is None
-    assert "calibrated on emulated 2x2@1Gbit/s" in back.label
+    assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
+    assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
+    assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
+
+
+def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults():
+    """No horovod_env: Horovod's default 1 ms cycle; no busy rate: the idle rate stands in."""
+    d = measured().to_dict()
+    for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s"):
+        del d[key]
+    old = Calibration.from_json(json.dumps(d))
+    assert old.horovod_env == {} and old.horovod_cycle_time_ms == 1.0 == DEFAULT_HOROVOD_CYCLE_TIME_MS
+    assert old.busy_coordination_bytes_per_s is None and old.step_coordination_bytes_per_s == 6.7e5
+
+
+def test_another_cycle_time_in_the_run_is_named():
+    cal = measured()
+    assert cal.settings_mismatch({"HOROVOD_CYCLE_TIME": "0.1", "PATH": "/bin"}) == ""
+    assert cal.settings_mismatch(None) == ""   # the run's settings not known: nothing to say
+    text = cal.settings_mismatch({})
+    assert "HOROVOD_CYCLE_TIME 0.1 ms in the calibration, 1 ms in the run" in text
+    text = cal.settings_mismatch({"HOROVOD_CYCLE_TIME": "0.1", "HOROVOD_CACHE_CAPACITY": "0"})
+    assert "HOROVOD_CACHE_CAPACITY unset in the calibration, 0 in the run" in text
+    assert Calibration.defaults(2, 2, 1e9, 25e-6).settings_mismatch({}) == ""   # nothing measured
+    with pytest.raises(ConfigError, match="HOROVOD_CYCLE_TIME='fast'"):
+        Calibration(2, 2, horovod_env={"HOROVOD_CYCLE_TIME": "fast"})
+    with pytest.raises(ConfigError, match="horovod_env must map Horovod settings"):
+        Calibration(2, 2, horovod_env={"PATH": "/bin"})
 
 
 def test_wrong_shape_names_both_shapes():
@@ -106,6 +134,8 @@ def _calibrate_cli(capsys, *argv):
     (("--emulate", "2x2@1Gbit/s", "--hostfile", __file__), "not both"),
     (("--np", "4", "--workers-per-machine", "3"), "workers_per_machine must be a whole number >= 1 that divides np=4"),
     (("--np", "2", "--job", "no_such_module_px:job"), "no_such_module_px"),
+    (("--np", "2", "--env", "HOROVOD_CYCLE_TIME"), "--env 'HOROVOD_CYCLE_TIME' is not NAME=VALUE"),
+    (("--np", "2", "--env", "HOROVOD_CYCLE_TIME=fast"), "HOROVOD_CYCLE_TIME='fast' is not a number of milliseconds"),
 ])
 def test_cli_refuses_bad_input_before_anything_starts(capsys, tmp_path, argv, words):
     out = tmp_path / "calibration.json"

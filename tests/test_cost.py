@@ -337,6 +337,9 @@ def test_link_bytes_are_payload_with_tcp_framing_and_calibrated_coordination():
     assert bare.coordination.startswith("uncalibrated")
     measured = Calibration(machines=2, workers_per_machine=2, coordination_bytes_per_s=670_000.0, where="here")
     assert predict_link_bytes(1_000_000.0, 0.1, measured).coordination_bytes == pytest.approx(67_000.0)
+    busy = Calibration(machines=2, workers_per_machine=2, coordination_bytes_per_s=5.9e6,
+                       busy_coordination_bytes_per_s=20_000.0, where="here")   # the step's rate, not the idle one
+    assert predict_link_bytes(1_000_000.0, 0.1, busy).coordination_bytes == pytest.approx(2_000.0)
     defaults = Calibration.defaults(2, 2, 1e9, 25e-6)
     assert predict_link_bytes(1_000_000.0, 0.1, defaults).coordination.startswith("uncalibrated defaults")
     with pytest.raises(ConfigError, match="step_time_s must be a finite number >= 0, got -1"):

@@ -93,3 +93,25 @@ def test_the_report_charges_what_ran_and_shows_the_changes():
     assert "plan changed: table: kind sparse -> dense" in RunView(run).status_text()
     with pytest.raises(ConfigError, match="executed_plan lacks field 'architecture'"):
         validate_run(dict(summary, executed_plan={"variables": []}))
+
+
+def test_the_run_check_warns_of_a_calibration_under_another_cycle_time():
+    """cost.against_run.check_step_time given the run's Horovod settings (run.json's horovod_env)."""
+    from parallax_nb.calibration import Calibration
+    from parallax_nb.cost.against_run import check_step_time
+
+    cluster = ClusterSpec(machines=2, workers_per_machine=2)
+    plan = make_plan(PROFILE, cluster, "hybrid", partitions=2)
+    executed = executed_plan(plan, _ran("sparse", 2), Topology.blocks(2, 2), local_aggregation=True)
+    cal = Calibration(2, 2, Calibration.defaults(2, 2, 1e9, 25e-6).fits, where="emulated 2x2@1Gbit/s",
+                      horovod_env={"HOROVOD_CYCLE_TIME": "1"})
+    same = check_step_time(PROFILE, executed, cluster, 0.2, "steps 2-10", cal,
+                           run_horovod_env={"HOROVOD_CYCLE_TIME": "1"})
+    other = check_step_time(PROFILE, executed, cluster, 0.2, "steps 2-10", cal,
+                            run_horovod_env={"HOROVOD_CYCLE_TIME": "0.1"})
+    assert same.warning == "" and "WARNING" not in same.line()
+    assert "HOROVOD_CYCLE_TIME 1 ms in the calibration, 0.1 ms in the run" in other.warning
+    assert "WARNING: calibrated under other Horovod settings" in other.line() and other.to_dict()["warning"]
+    from parallax_nb.report.html import _step_time_basis
+
+    assert "Warning: calibrated under other Horovod settings" in _step_time_basis(other.to_dict())

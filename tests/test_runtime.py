@@ -67,9 +67,11 @@ def two_rank_runs(tmp_path_factory):
     cases.append(resumed)
     start = time.perf_counter()
     sweep = _partition_sweep(2, covered={("ps", 3), ("hybrid", 2)})
-    per_rank = run_on_ranks(runtime_cases.run_cases, 2, args=(cases + sweep,), timeout_s=1500)
-    print(f"\n2-rank launch of {len(cases) + len(sweep)} cases: {time.perf_counter() - start:.1f} s")
-    _SWEEPS[2] = sweep, [r[len(cases):] for r in per_rank]
+    compute = dict(compute_against_step=dict(steps=COMPUTE_AGAINST_STEP_STEPS))
+    per_rank = run_on_ranks(runtime_cases.run_cases, 2, args=(cases + sweep + [compute],), timeout_s=1500)
+    print(f"\n2-rank launch of {len(cases) + len(sweep) + 1} cases: {time.perf_counter() - start:.1f} s")
+    _SWEEPS[2] = sweep, [r[len(cases):-1] for r in per_rank]
+    _COMPUTE_AGAINST_STEP[2] = [r[-1] for r in per_rank]
     return cases, [r[:len(cases)] for r in per_rank]
 
 
@@ -112,6 +114,8 @@ def local_aggregation_runs():
 
 
 _CALIBRATION: dict = {}  # ranks -> per rank figures of the calibration run inside the launch above
+_COMPUTE_AGAINST_STEP: dict = {}  # ranks -> per rank calibration and step times (runtime_cases.compute_against_step)
+COMPUTE_AGAINST_STEP_STEPS = 12
 
 
 LA_MACHINES, LA_WORKERS = 2, 2
@@ -380,6 +384,27 @@ def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
     assert calibration.compute_for("lm-tiny") == max(r["compute"]["median_step_s"] for r in per_rank) > 0
     assert calibration.coordination_bytes_per_s == 0.0   # one host: no link to read
     assert Calibration.from_json(calibration.to_json()) == calibration
+
+
+def test_calibrated_compute_is_no_more_than_a_step_of_the_run(two_rank_runs):
+    """px.calibrate's compute per step of the LM with two 102 MB tables, measured on the 2 ranks
+    of the launch, against the runtime's own median step (steps 3-12, AR) on the same ranks
+    right after. The compute is part of a step, so it may not exceed it; the factor 2 absorbs
+    the noise of steps of a few ms on 2 shared cores (measured 0.5-1.45 x the step). Reading
+    the tables as Keras's Embedding does (the whole table per step, copied once its rows were
+    updated) made the compute 21 ms against a 3.1 ms step (7 x)."""
+    import statistics
+
+    from parallax_nb.calibrate import combine
+
+    per_rank = _COMPUTE_AGAINST_STEP[2]
+    calibration = combine([r["calibration"] for r in per_rank], "loopback")
+    compute = calibration.compute_for("lm-tiny")
+    step = max(statistics.median(r["steps_s"][2:]) for r in per_rank)
+    assert all(len(r["steps_s"]) == COMPUTE_AGAINST_STEP_STEPS for r in per_rank)
+    print(f"\ncalibrated compute {compute * 1e3:.1f} ms per step, the run's step {step * 1e3:.1f} ms "
+          f"(median of steps 3-{COMPUTE_AGAINST_STEP_STEPS}, slowest rank)")
+    assert 0 < compute <= 2.0 * step, (compute, step)
 
 
 def test_resume_equals_uninterrupted(two_rank_runs):

@@ -259,7 +259,8 @@ def step_time_summary(profile, plan, summary: dict, calibration=None) -> str:
     steps_text = f"steps {steps[0]}-{steps[1]}" if len(steps) == 2 and steps[1] > steps[0] else \
         (f"step {steps[-1]}" if steps else "no step")
     try:
-        check = check_step_time(profile, ran, spec, summary["step_time_s_median"], steps_text, calibration)
+        check = check_step_time(profile, ran, spec, summary["step_time_s_median"], steps_text, calibration,
+                                run_horovod_env=summary.get("horovod_env"))
     except ParallaxError as e:   # a --profile of another model: the run itself succeeded
         return f"step time: no prediction ({e.message})"
     return check.line() if check is not None else "step time: no step was measured"

@@ -323,7 +323,8 @@ class Run:
         records = self.records
         try:
             return check_step_time(self.profile, ran, spec, self.measured_step_time_s(),
-                                   measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration)
+                                   measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration,
+                                   run_horovod_env=self._summary.get("horovod_env"))
         except ParallaxError as e:   # e.g. a profile of another model: the run stands, the reason is shown
             measured = self.measured_step_time_s()
             if measured is None or measured != measured:

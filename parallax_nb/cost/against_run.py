@@ -8,7 +8,11 @@ The run view, the report and the CLI summary all show the same comparison, made 
   given, the calibration (``calibration=``; without one the estimate is uncalibrated);
 * measured: the run's median step time over its steps after the first (the first step traces
   the training function and allocates, and is left out as warm-up);
-* ``error % = 100 * (measured - predicted) / predicted``.
+* ``error % = 100 * (measured - predicted) / predicted``;
+* a warning when the calibration was taken under other Horovod settings than the run's
+  (``run_horovod_env``, the run summary's ``horovod_env``): the cycle time changes the idle
+  link traffic and what each collective waits
+  (:meth:`parallax_nb.calibration.Calibration.settings_mismatch`).
 
 Pure Python.
 """
@@ -34,16 +38,19 @@ def measured_steps_text(first_step: int, last_step: int) -> str:
 
 
 def check_step_time(profile, executed, cluster, measured_step_time_s: float, measured_steps: str,
-                    calibration=None) -> StepTimeCheck | None:
-    """:class:`StepTimeCheck` of a run (module docstring), or None when the run measured no step."""
+                    calibration=None, run_horovod_env=None) -> StepTimeCheck | None:
+    """:class:`StepTimeCheck` of a run (module docstring), or None when the run measured no step.
+    ``run_horovod_env``: the Horovod settings the run ran with (None: not known, no check)."""
     from .estimate import estimate_executed
 
     if measured_step_time_s is None or measured_step_time_s != measured_step_time_s:   # None or NaN
         return None
-    est = estimate_executed(profile, executed, cluster, calibration=calibration_of_shape(cluster, calibration))
+    used = calibration_of_shape(cluster, calibration)
+    est = estimate_executed(profile, executed, cluster, calibration=used)
     label = est.calibration
     basis = (f"estimate of what ran on {cluster.machines} machine(s) x {cluster.workers_per_machine} rank(s) at "
              f"{cluster.bandwidth}, {label}")
     return StepTimeCheck(predicted_step_time_s=float(est.step_time_s),
                          measured_step_time_s=float(measured_step_time_s),
-                         measured_steps=measured_steps, basis=basis)
+                         measured_steps=measured_steps, basis=basis,
+                         warning=used.settings_mismatch(run_horovod_env) if used is not None else "")

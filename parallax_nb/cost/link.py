@@ -15,15 +15,20 @@ what crosses the machine's link on their behalf. The link also carries
   more headers per payload byte, segmentation offload fewer;
 * Horovod's coordination: its background loop negotiates across the links every cycle
   (``HOROVOD_CYCLE_TIME``, 1 ms by default) once Horovod runs, whether or not a step needs
-  it (measured on an idle emulated 1 Gbit/s link: ~670 KB/s, ~7,000 packets/s). Its rate,
-  bytes per second received + sent by one machine, comes from a
-  :class:`~parallax_nb.calibration.Calibration` (``coordination_bytes_per_s``, measured while
-  Horovod runs and nothing trains) and is charged for the step's duration. Without a
-  calibration it is 0 and the prediction says "uncalibrated".
+  it. How often it gets to do so depends on the cores: on an idle emulated 1 Gbit/s link of
+  2 x 2 ranks on 2 cores it carried 780 KB/s at a 1 ms cycle and 5.9 MB/s at 0.1 ms, but
+  only 3-43 KB/s while every rank computed (the loop's thread waits for a core). Measured
+  link bytes of LM steps (2026-11-24, 0.1 ms cycle, 135-270 ms steps) carried 0.996-1.042 x
+  the payload, with no trend in the step time: idle rate x step would have added 0.8-1.6 MB
+  (20-40 %). So the rate charged is the calibration's **busy** rate
+  (:attr:`~parallax_nb.calibration.Calibration.step_coordination_bytes_per_s`, bytes per
+  second received + sent by one machine, measured while every rank computes; the idle rate
+  for calibrations without it), for the step's duration. Without a calibration it is 0 and
+  the prediction says "uncalibrated".
 
-So, per machine per step (bytes received + sent)::
+So, per machine per step (bytes received + sent; seconds)::
 
-    link_bytes = payload_bytes * framing_factor + coordination_bytes_per_s * step_time_s
+    link_bytes = payload_bytes * framing_factor + step_coordination_bytes_per_s * step_time_s
 
 Pure Python.
 """
@@ -57,19 +62,19 @@ def framing_factor(segment_bytes: int = TCP_SEGMENT_BYTES, header_bytes: int = F
 
 def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibration=None) -> LinkBytes:
     """What one machine's link carries per step, received + sent (module docstring):
-    ``payload * framing_factor() + coordination_bytes_per_s * step_time_s``.
+    ``payload * framing_factor() + step_coordination_bytes_per_s * step_time_s``.
 
     ``payload_bytes_per_step``: the cost model's bytes per machine per step
     (``Estimate.bytes_per_machine_per_step``); ``step_time_s``: the step's duration, seconds;
     ``calibration``: a :class:`~parallax_nb.calibration.Calibration` whose
-    ``coordination_bytes_per_s`` is charged, or None (no coordination, "uncalibrated").
+    ``step_coordination_bytes_per_s`` is charged, or None (no coordination, "uncalibrated").
     """
     for name, value in (("payload_bytes_per_step", payload_bytes_per_step), ("step_time_s", step_time_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ConfigError(f"predict_link_bytes: {name} must be a finite number >= 0, got {value!r}",
                               hint="pass the estimate's bytes per machine per step and a step time in seconds")
     payload = float(payload_bytes_per_step)
-    rate = float(getattr(calibration, "coordination_bytes_per_s", 0.0) or 0.0)
+    rate = float(getattr(calibration, "step_coordination_bytes_per_s", 0.0) or 0.0)
     if calibration is None:
         source = "uncalibrated: Horovod's coordination not counted (0 B/s)"
     elif not getattr(calibration, "measured", True):

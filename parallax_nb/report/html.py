@@ -280,8 +280,10 @@ def _step_time_basis(step_time: dict | None) -> str:
     """How the run's step time was predicted and which steps were measured."""
     if not step_time:
         return ""
+    warning = step_time.get("warning")
     return (f'<p class="step-time-basis muted">Step time: predicted by the {esc(step_time["basis"])}; measured: '
-            f'the median of {esc(step_time["measured_steps"])}.</p>')
+            f'the median of {esc(step_time["measured_steps"])}.</p>'
+            + (f'<p class="step-time-warning">Warning: {esc(warning)}</p>' if warning else ""))
 
 
 def _measured(data: dict) -> str:

@@ -11,14 +11,27 @@ In order, identical on every rank:
    (:func:`.topology.gather_topology`: hosts, or ``workers_per_machine``), and with machines
    of several ranks the machines' process sets are added by :class:`.hierarchical.Hierarchy`,
    as in a run with local aggregation.
-2. **Compute** (with a job): every rank builds the single-device model and runs
-   :func:`.reference.single_device_step` (forward, backward, optimizer update; no
-   communication) on its own shard, all ranks at once after a barrier, so ranks that share
-   cores or a device slow each other as they will in the run. ``warmup_steps`` untimed (the
-   first traces), then ``compute_steps`` timed; each rank reports its median.
+2. **Compute** (with a job): every rank builds the model as the runtime does (its Keras
+   ``Embedding`` layers read through :func:`parallax_nb.ops.embedding_lookup`,
+   :func:`.sharded.route_embedding_layers`) and runs :func:`.reference.single_device_step`
+   (forward, backward, optimizer update; no communication) on its own shard of the per-rank
+   batch, all ranks at once after a barrier, so ranks that share cores or a device slow each
+   other as they will in the run. ``warmup_steps`` untimed (the first traces), then
+   ``compute_steps`` timed; each rank reports its median. The routing matters: Keras's own
+   ``Embedding`` reads the whole table (``ReadVariableOp``) and gathers from the copy; once the
+   optimizer has written rows of that table (a sparse update), TensorFlow keeps the variable
+   in copy-on-read mode and every such read copies the whole table (measured: 13.8 ms per
+   step for a 100,000 x 256 float32 table against 0.45 ms for the runtime's gather of the
+   rows), which the runtime never pays.
 3. **Coordination**: all ranks idle for ``idle_s`` seconds while Horovod's background loop
-   runs; local rank 0 of each machine reads its link's kernel counters (``link_interface``,
-   e.g. ``eth0`` of an emulated machine) before and after.
+   runs under the ranks' own Horovod settings (``HOROVOD_CYCLE_TIME`` and the others of
+   :data:`parallax_nb.calibration.HOROVOD_TIMING_SETTINGS`, reported as ``horovod_env``);
+   local rank 0 of each machine reads its link's kernel counters (``link_interface``, e.g.
+   ``eth0`` of an emulated machine) before and after. The same counters are read around the
+   timed compute steps of step 2 (``busy_link``; without a job around ``idle_s`` seconds of
+   matrix products on every rank): with the cores busy Horovod's loop negotiates far less
+   often than idle (measured on 2 x 2 ranks, 2 cores, 1 Gbit/s, ``HOROVOD_CYCLE_TIME=0.1``:
+   5.9 MB/s idle, 3-23 KB/s while the LM computes), and a step is mostly busy.
 4. **Collectives**, each op and scope at every size of ``sizes_bytes`` (bytes one rank hands
    to a call: the allreduce tensor, the own allgather slice, the whole alltoall input),
    inside one ``tf.function`` per op and scope with a ``[None]`` float32 input (traced once):
@@ -56,8 +69,12 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
                     compute_steps: int = COMPUTE_STEPS) -> dict:
     """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
     "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
-    "compute": {"model", "median_step_s", "steps_s"} or None, "link": {"bytes", "packets",
-    "seconds"} or None}``. ``job``: a :class:`~parallax_nb.job.Job` or a ``module:name`` spec."""
+    "compute": {"model", "median_step_s", "steps_s"} or None, "link" and "busy_link":
+    {"bytes", "packets", "seconds"} or None, "horovod_env": {Horovod setting: value}}``. ``job``: a
+    :class:`~parallax_nb.job.Job` or a ``module:name`` spec."""
+    import os
+
+    from ..calibration import horovod_settings
     from .context import barrier, configure_threads, horovod
     from .topology import gather_topology
 
@@ -72,9 +89,12 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
         hierarchy = Hierarchy(topology, hvd.rank())
     out = {"rank": hvd.rank(), "machines": machines, "workers_per_machine": per_machine,
            "uniform": topology.uniform, "topology": topology.describe(), "collectives": {}, "compute": None,
-           "link": None}
+           "link": None, "horovod_env": horovod_settings(os.environ)}
     if job is not None:
-        out["compute"] = _compute(job, hvd, barrier, warmup_steps, compute_steps)
+        out["compute"] = _compute(job, hvd, barrier, warmup_steps, compute_steps, link_interface)
+        out["busy_link"] = out["compute"].pop("link")
+    else:
+        out["busy_link"] = _busy_link(hvd, barrier, link_interface, idle_s)
     barrier("calibrate_idle")
     out["link"] = _idle_link(hvd, link_interface, idle_s)
     if hvd.size() > 1:
@@ -89,12 +109,14 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     return out
 
 
-def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int) -> dict:
+def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None = None) -> dict:
     from ..job import Job, load_job
     from .reference import single_device_step
+    from .sharded import route_embedding_layers
 
     job = job if isinstance(job, Job) else load_job(job)
     model = job.build_model()
+    route_embedding_layers(model)   # as the runtime's model reads its tables (module docstring)
     step = single_device_step(job, model, job.make_optimizer())
     batches = iter(job.dataset(hvd.rank(), hvd.size()))
     for _ in range(warmup_steps):
@@ -102,26 +124,57 @@ def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int) -> dict:
         float(step(x, y))
     timed = [next(batches) for _ in range(compute_steps)]
     barrier("calibrate_compute")
+    link = _LinkReading(hvd, interface)
     times = []
     for x, y in timed:
         start = time.perf_counter()
         float(step(x, y))
         times.append(time.perf_counter() - start)
-    return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times}
+    return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times, "link": link.done()}
+
+
+class _LinkReading:
+    """This machine's link counters from now to :meth:`done` (local rank 0 only, else None)."""
+
+    def __init__(self, hvd, interface: str | None):
+        self.interface = interface if interface and hvd.local_rank() == 0 else None
+        if self.interface:
+            from .accounting import interface_totals
+
+            self.start = time.perf_counter()
+            self.bytes, self.packets = interface_totals(self.interface)
+
+    def done(self):
+        """``{"bytes", "packets", "seconds"}`` since the start, or None without a link to read."""
+        if not self.interface:
+            return None
+        from .accounting import interface_totals
+
+        bytes1, packets1 = interface_totals(self.interface)
+        return {"bytes": bytes1 - self.bytes, "packets": packets1 - self.packets,
+                "seconds": time.perf_counter() - self.start}
+
+
+def _busy_link(hvd, barrier, interface: str | None, seconds: float):
+    """Without a job: the link's bytes while every rank multiplies 256 x 256 matrices for
+    ``seconds`` (the cores busy as in a step's compute)."""
+    import tensorflow as tf
+
+    a = tf.random.stateless_normal([256, 256], seed=[0, hvd.rank()])
+    barrier("calibrate_busy")
+    link = _LinkReading(hvd, interface)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = tf.linalg.matmul(a, a) / 256.0
+    float(tf.reduce_sum(a))
+    return link.done()
 
 
 def _idle_link(hvd, interface: str | None, idle_s: float):
     """Bytes and packets this machine's link carried in ``idle_s`` s of idle Horovod (local rank 0 only)."""
-    if not interface or hvd.local_rank() != 0:
-        time.sleep(idle_s)
-        return None
-    from .accounting import interface_totals
-
-    bytes0, packets0 = interface_totals(interface)
-    start = time.perf_counter()
+    link = _LinkReading(hvd, interface)
     time.sleep(idle_s)
-    bytes1, packets1 = interface_totals(interface)
-    return {"bytes": bytes1 - bytes0, "packets": packets1 - packets0, "seconds": time.perf_counter() - start}
+    return link.done()
 
 
 def _chained(call, chain: int):

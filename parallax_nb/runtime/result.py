@@ -1,12 +1,14 @@
 """What a distributed run reports: one :class:`StepRecord` per step and a :class:`TrainResult`."""
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..calibration import horovod_settings
 from ..types import RUN_SCHEMA, RUN_SCHEMA_VERSION
 
 #: How the runtime treats a row gathered several times in one step (README, "Correctness").
@@ -146,5 +148,7 @@ class TrainResult:
             **({"executed_plan": self.executed_plan.to_dict()} if self.executed_plan is not None else {}),
             "bytes_sent_per_step": float(sum(v["bytes_sent_per_step"] for v in variables.values())),
             "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
+            # what a calibration must have been taken under to predict this run (parallax_nb.calibration)
+            "horovod_env": horovod_settings(os.environ),
         }
 
