@@ -100,7 +100,10 @@ class RunController:
     def _collect_records(self) -> None:
         for rank, ar in enumerate(self.async_results):
             try:
-                data = self.cluster.client.metadata[ar.msg_ids[0]]["data"]
+                # the AsyncResult's own copy: the Client drops its copy of a task's metadata
+                # once the task's output is complete, which can be before the last poll here
+                metadata = ar.metadata
+                data = (metadata[0] if isinstance(metadata, list) else metadata)["data"]
             except Exception:
                 continue
             status = data.get(STATUS_KEY) if rank == 0 else None
