@@ -321,17 +321,15 @@ class Run:
                                local_aggregation=ran.local_aggregation,
                                **({"bandwidth_bps": emulated} if emulated else {}))
         records = self.records
+        measured, steps = self.measured_step_time_s(), measured_steps_text(records[0]["step"], records[-1]["step"])
         try:
-            return check_step_time(self.profile, ran, spec, self.measured_step_time_s(),
-                                   measured_steps_text(records[0]["step"], records[-1]["step"]), self.calibration,
+            return check_step_time(self.profile, ran, spec, measured, steps, self.calibration,
                                    run_horovod_env=self._summary.get("horovod_env"))
         except ParallaxError as e:   # e.g. a profile of another model: the run stands, the reason is shown
-            measured = self.measured_step_time_s()
             if measured is None or measured != measured:
                 return None
             return StepTimeCheck(predicted_step_time_s=None, measured_step_time_s=float(measured),
-                                 measured_steps=measured_steps_text(records[0]["step"], records[-1]["step"]),
-                                 basis=f"no prediction: {e.message}")
+                                 measured_steps=steps, basis=f"no prediction: {e.message}")
 
     def predicted_bytes_by_variable(self) -> dict[str, float]:
         """Bytes per step per rank the cost model predicts for each variable of the plan, or {}.

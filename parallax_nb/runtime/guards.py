@@ -151,9 +151,6 @@ class CheckedLookups:
     def reset(self) -> None:
         self.router.reset()
 
-    def forget_gradients(self) -> None:
-        self.router.forget_gradients()
-
     def lookup(self, params, ids):
         ids = checked_ids(params, ids)
         rows = self.router.lookup(params, ids)

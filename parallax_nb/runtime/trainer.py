@@ -271,7 +271,6 @@ class Trainer:
             with tf.GradientTape() as tape:
                 loss = self.job.loss_value(self.model, x, y, training=True)
             flat = tape.gradient(loss, [v for vs in tape_vars for v in vs])
-        self.router.forget_gradients()  # else TensorFlow keeps this trace for the process's life
         grads, offset = [], 0
         for vs in tape_vars:
             grads.append(flat[offset:offset + len(vs)])

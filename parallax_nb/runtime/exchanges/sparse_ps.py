@@ -39,7 +39,7 @@ from .base import Exchange, Wire
 
 
 def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str,
-                  what: str = "rows", registrations: list[str] | None = None, hierarchy=None) -> tf.Tensor:
+                  what: str = "rows", hierarchy=None) -> tf.Tensor:
     """alltoall of the rows owners serve back to their requesters, with an explicitly named
     reverse alltoall as its gradient (row gradients to the owners).
 
@@ -50,8 +50,8 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
 
     Traced, ``tf.custom_gradient`` registers the gradient in TensorFlow's process-wide
     registry under a new name, and that entry keeps the whole traced graph alive
-    (tensorflow#27492, #97697): the name is appended to ``registrations`` so that the
-    trace's owner can drop it (:func:`forget_gradient_registrations`).
+    (tensorflow#27492, #97697): the trainer drops every registration its step's trace made
+    (:func:`..tensor_ops.forget_custom_gradients_since`).
     """
     import horovod.tensorflow as hvd
 
@@ -70,22 +70,7 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
 
         return y, grad
 
-    rows = exchange(served)
-    if registrations is not None and not tf.executing_eagerly():
-        registrations.append(rows.op.get_attr("_gradient_op_type").decode())
-    return rows
-
-
-def forget_gradient_registrations(names: list[str]) -> None:
-    """Drop the gradient registrations ``names`` (made by :func:`exchange_rows` while tracing)
-    once their trace has been differentiated: nothing looks them up again, and each kept
-    the traced step, ~6.6 MiB per run of the tiny LM, for the life of an engine."""
-    from tensorflow.python.framework import ops as tf_ops
-
-    registry = tf_ops._gradient_registry._registry
-    for name in names:
-        registry.pop(name, None)
-    names.clear()
+    return exchange(served)
 
 
 class ShardedLookupRouter:
@@ -106,17 +91,12 @@ class ShardedLookupRouter:
         self.ledger = wire.ledger
         self.remote = wire.remote
         self.hierarchy = wire.hierarchy
-        self.gradient_registrations: list[str] = []
         self.lookups = 0
 
     def reset(self) -> None:
         """Start a new trace: lookups are numbered per variable from 0 again."""
         self._calls: dict[str, int] = {}
         self.lookups = 0
-
-    def forget_gradients(self) -> None:
-        """Call once the trace's backward pass is built (see :func:`exchange_rows`)."""
-        forget_gradient_registrations(self.gradient_registrations)
 
     def lookup(self, params, ids):
         sharded = self.variables.get(variable_path(params))
@@ -150,8 +130,7 @@ class ShardedLookupRouter:
         splits = tf.math.bincount(owners, minlength=N, maxlength=N, dtype=tf.int32)
         recv_ids, recv_splits = self._hvd.alltoall(tf.gather(ids, order), splits=splits, name=f"px_ids_{tag}",
                                                    ignore_name_scope=True)
-        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag,
-                             registrations=self.gradient_registrations)
+        rows = exchange_rows(sharded.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag)
         self._count(sharded, splits, recv_splits)
         return tf.gather(rows, tf.argsort(order))
 
@@ -170,7 +149,7 @@ class ShardedLookupRouter:
         counts = [tf.reduce_sum(tf.cast(tf.equal(requester, i), tf.int32)) for i in range(h.G)]
         shared = exchange_rows(tile_rows(my_rows, h.G), send_splits=h.local_splits(tf.shape(my_rows)[0]),
                                receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share",
-                               registrations=self.gradient_registrations, hierarchy=h)
+                               hierarchy=h)
         places = tf.concat([tf.cast(tf.where(tf.equal(requester, i))[:, 0], tf.int32) for i in range(h.G)], 0)
         union_rows = tf.gather(shared, tf.math.invert_permutation(places))
         return tf.gather(union_rows, mine)
