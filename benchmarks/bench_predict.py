@@ -6,7 +6,8 @@ For each setting (workload x network), in one invocation:
    configuration (:func:`parallax_nb.cost.compare_architectures`, plain Horovod and
    ``sparse_as_dense`` without local aggregation) and the bytes one machine's link carries per
    step as its kernel counters count them (:func:`parallax_nb.cost.link.predict_link_bytes`:
-   payload x TCP/IP framing + Horovod's coordination rate x the predicted step time). With a
+   payload x TCP/IP framing + Horovod's coordination rate x the predicted step time; with a
+   calibration that read its links, the measured framing and each call's measured bytes). With a
    calibration (``--calibration FILE`` for its cluster shape, or ``--calibrate``: measured
    per setting with ``px.calibrate`` where that API is installed) the estimate is calibrated;
    otherwise it uses the documented defaults and every row says "uncalibrated";
@@ -143,7 +144,8 @@ def predict(profile, machines: int, workers: int, bandwidth: str | None, configs
         if bandwidth is None:
             link = {"payload_bytes": est.bytes_per_machine_per_step, "total_bytes": est.bytes_per_machine_per_step}
         else:
-            link = predict_link_bytes(est.bytes_per_machine_per_step, est.step_time_s, calibration).to_dict()
+            # the estimate's own: with a calibration that read its links, every call priced as measured
+            link = (est.link or predict_link_bytes(est.bytes_per_machine_per_step, est.step_time_s, calibration)).to_dict()
         out[c] = {"step_time_s": est.step_time_s, "link": link}
     return out
 

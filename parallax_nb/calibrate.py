@@ -22,6 +22,9 @@ this process combines their figures:
 * ``busy_coordination_bytes_per_s``: the same while every rank computes (during the job's
   timed steps, or :func:`~parallax_nb.runtime.calibrate.measure_on_rank`'s stand-in load
   without a job);
+* ``link_fits``: per op and scope, what each machine's link carried per call (read by local
+  rank 0 of every machine around each timed chain of calls, the median over the chains),
+  the mean over machines at each size, fitted by :func:`~parallax_nb.calibration.fit_link`;
 * ``horovod_env``: the Horovod settings the ranks ran with (rank 0's; every rank gets the same
   environment).
 
@@ -34,13 +37,14 @@ from __future__ import annotations
 import os
 import time
 
-from .calibration import Calibration, fit_collective, horovod_cycle_time_ms
+from .calibration import Calibration, fit_collective, fit_link, horovod_cycle_time_ms
 from .errors import ConfigError, JobError
 
 
 def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str | None = None, job=None,
               workers_per_machine: int | None = None, link_interface: str | None = None,
-              timeout_s: float = 300.0, echo: bool = False, env: dict | None = None) -> Calibration:
+              timeout_s: float = 300.0, echo: bool = False, env: dict | None = None,
+              cluster=None) -> Calibration:
     """Measure this cluster and return its :class:`Calibration` (module docstring).
 
     ``np``: ranks (default 2; with ``emulate`` the emulated network's machines x ranks).
@@ -52,12 +56,18 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     ``link_interface``: on real hosts, the network interface whose counters give Horovod's
     idle traffic (the emulated network names its own). ``echo``: copy the ranks' output to
     stderr. ``env``: environment variables for the ranks besides this process's, e.g. the
-    run's ``HOROVOD_CYCLE_TIME`` (module docstring). Raises :class:`ConfigError` for bad
-    arguments before anything starts.
+    run's ``HOROVOD_CYCLE_TIME`` (module docstring). ``cluster``: a started ``px.Cluster``
+    whose engines are measured instead (a notebook's engines, e.g.
+    ``px.Cluster(emulate="2x2@1Gbit/s")``, whose links are read); then ``np``, ``hostfile``,
+    ``emulate`` and ``env`` do not apply. Raises :class:`ConfigError` for bad arguments before
+    anything starts.
     """
     from .launch import _check_np, check_host_resources, run_on_ranks
     from .runtime.calibrate import measure_on_rank
 
+    if cluster is not None:
+        return _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeout_s,
+                                  given={"np": np, "hostfile": hostfile, "emulate": emulate, "env": env})
     network = _network(emulate, hostfile)
     if network is not None:
         if np is not None and _check_np(np) != network.ranks:
@@ -89,6 +99,50 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
             kwargs["link_interface"] = network.interface
             per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=network.hostfile,
                                     mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo, env=env)
+    return combine(per_rank, where)
+
+
+def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeout_s: float, given: dict) -> Calibration:
+    """:func:`calibrate` on the engines of a started ``px.Cluster`` (each runs
+    :func:`~parallax_nb.cluster.engine.measure_on_engine`), combined in rank order."""
+    from .cluster.cluster import Cluster
+    from .errors import DistributedError
+
+    if not isinstance(cluster, Cluster):
+        raise ConfigError(f"calibrate(cluster=...) needs a px.Cluster, got {type(cluster).__name__}",
+                          hint="start one with px.Cluster(n=4).start() or %parallax cluster start")
+    mixed = [name for name, value in given.items() if value is not None]
+    if mixed:
+        raise ConfigError(f"calibrate(cluster=...) measures the cluster's running engines; "
+                          f"{', '.join(mixed)} do(es) not apply to them",
+                          hint="leave them out, or start the cluster with the environment to measure under")
+    if not cluster.running:
+        raise ConfigError("calibrate(cluster=...) needs a started cluster; this one is not running",
+                          hint="call cluster.start() first")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    job_arg = _check_job(job)
+    from .cluster.engine import measure_on_engine
+
+    client, ids = cluster.client, cluster.engine_ids
+    pending = [client[eid].apply_async(measure_on_engine, job_arg, workers_per_machine, link_interface) for eid in ids]
+    per_rank = []
+    deadline = time.monotonic() + timeout_s
+    for rank, (eid, result) in enumerate(zip(ids, pending)):
+        try:
+            per_rank.append(result.get(timeout=max(0.1, deadline - time.monotonic())))
+        except Exception as e:   # a dead engine, a timeout, an error on a rank: the others wait in a collective
+            restarted = "the engines were restarted"
+            try:
+                cluster.restart_engines()
+            except Exception as again:   # noqa: BLE001 (the first failure is the one to report)
+                restarted = f"restarting the engines failed too ({again}); stop the cluster"
+            raise DistributedError(f"calibrating rank {rank} (engine {eid} on {cluster.host_of(eid)}) failed: "
+                                   f"{type(e).__name__}: {e}; {restarted}",
+                                   hint="fix the cause and calibrate again; timeout_s= gives slow links longer") from None
+    per_rank.sort(key=lambda r: r["rank"])
+    network = getattr(cluster, "network", None)
+    where = f"emulated {network.spec}" if network is not None else f"{len(ids)} engines of {cluster}"
     return combine(per_rank, where)
 
 
@@ -145,6 +199,14 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
         sizes = [b for b, _ in points]
         slowest = [max(r["collectives"][key][i][1] for r in per_rank) for i in range(len(points))]
         fits[key] = fit_collective(sizes, slowest)
+    link_fits = {}
+    if first["machines"] > 1:
+        for key in first["collectives"]:
+            readings = [r["link_per_call"][key] for r in per_rank if (r.get("link_per_call") or {}).get(key)]
+            if readings:
+                link_fits[key] = fit_link([(points[0][0], sum(p[1] for p in points) / len(points),
+                                            sum(p[2] for p in points) / len(points))
+                                           for points in zip(*readings)])
     compute = {}
     if first["compute"] is not None:
         compute[first["compute"]["model"]] = max(r["compute"]["median_step_s"] for r in per_rank)
@@ -156,7 +218,7 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                        coordination_packets_per_s=packets_per_s if several else 0.0,
                        busy_coordination_bytes_per_s=busy_bytes_per_s if several else 0.0,
                        measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       horovod_env=first.get("horovod_env", {}))
+                       horovod_env=first.get("horovod_env", {}), link_fits=link_fits)
 
 
 def _link_rates(readings) -> tuple[float, float]:
@@ -186,6 +248,12 @@ def fits_table(calibration: Calibration) -> str:
     elif calibration.machines > 1:
         lines.append("Horovod idle, per machine link: not measured (no link counters to read: one host, or "
                      "real hosts without --link-interface)")
+    if calibration.link_fits:
+        lines.append(f"per machine link, per call: payload x{calibration.payload_framing_factor:.3f} (median "
+                     f"over the scopes across machines) plus, by op and scope:")
+        for key, fit in sorted(calibration.link_fits.items()):
+            lines.append(f"  {key:<18} {fit.overhead_bytes / 1e3:>7.2f} KB per call, "
+                         f"{fit.bytes_per_handed_byte:.3f} link bytes per byte handed")
     return "\n".join(lines)
 
 

@@ -133,6 +133,34 @@ class CollectiveFit:
 
 
 @dataclass(frozen=True)
+class LinkFit:
+    """What one machine's network link carries per call of one op in one scope, every rank
+    calling at once, as the link's kernel counters count it (received + sent: payload,
+    TCP/IP and Ethernet headers, ACKs, the MPI and Horovod messages that go with the call)::
+
+        link_bytes(call) = overhead_bytes + bytes_per_handed_byte * bytes one rank hands
+
+    ``points``: the measured ``(bytes one rank hands, link bytes per call, link packets per
+    call)``, the mean over the machines' links.
+    """
+
+    overhead_bytes: float
+    bytes_per_handed_byte: float
+    points: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "overhead_bytes", _finite("link overhead_bytes", self.overhead_bytes))
+        object.__setattr__(self, "bytes_per_handed_byte",
+                           _finite("link bytes_per_handed_byte", self.bytes_per_handed_byte))
+        object.__setattr__(self, "points", tuple(tuple(_finite("link point", v) for v in p) for p in self.points))
+
+    def framing_factor(self, op: str, scope: str, machines: int, workers_per_machine: int) -> float:
+        """Link bytes per payload byte crossing the link: the slope over the payload's share of
+        a handed byte, both directions (``2 * link_factor``)."""
+        return self.bytes_per_handed_byte / (2.0 * link_factor(op, scope, machines, workers_per_machine))
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Measured (or default) costs of one cluster shape; see the module docstring.
 
@@ -148,7 +176,9 @@ class Calibration:
     False for :meth:`defaults`; ``where`` says what was measured (``"loopback"``, a hostfile,
     ``"emulated 2x2@1Gbit/s"``) and ``created`` when (ISO 8601, UTC). ``horovod_env``: the
     ``HOROVOD_*`` environment variables the ranks ran with; ``horovod_cycle_time_ms`` the cycle
-    time they give (module docstring).
+    time they give (module docstring). ``link_fits`` maps ``"op/scope"`` to a :class:`LinkFit`:
+    what a machine's link carried per call (empty without link counters to read, and in files
+    written before they were measured).
     """
 
     machines: int
@@ -162,20 +192,15 @@ class Calibration:
     created: str = ""
     horovod_env: dict = field(default_factory=dict, hash=False)
     busy_coordination_bytes_per_s: float | None = None
+    link_fits: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         for name in ("machines", "workers_per_machine"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"calibration {name} must be a whole number >= 1, got {value!r}")
-        fits = {}
-        for key, fit in dict(self.fits).items():
-            op, _, scope = str(key).partition("/")
-            if op not in COLLECTIVE_OPS or scope not in SCOPES:
-                raise ConfigError(f"calibration fit {key!r} is not 'op/scope'",
-                                  hint=f"op one of {COLLECTIVE_OPS}, scope one of {SCOPES}")
-            fits[f"{op}/{scope}"] = fit if isinstance(fit, CollectiveFit) else CollectiveFit(**fit)
-        object.__setattr__(self, "fits", fits)
+        object.__setattr__(self, "fits", _by_op_scope(self.fits, CollectiveFit, "fit"))
+        object.__setattr__(self, "link_fits", _by_op_scope(self.link_fits, LinkFit, "link fit"))
         object.__setattr__(self, "compute_time_s", {str(k): _finite(f"compute_time_s[{k!r}]", v, strict=True)
                                                     for k, v in dict(self.compute_time_s).items()})
         for name in ("coordination_bytes_per_s", "coordination_packets_per_s"):
@@ -249,6 +274,22 @@ class Calibration:
         raise ConfigError(f"this calibration has no figure for {op!r} calls (scope {scope!r})",
                           hint=f"it holds {sorted(self.fits)}; measure again with px.calibrate(...)")
 
+    def link_fit(self, op: str, scope: str = "all") -> "LinkFit | None":
+        """The link fit of ``op`` in ``scope`` (a scope not measured falls back to "all"), or None."""
+        return self.link_fits.get(f"{op}/{scope}") or self.link_fits.get(f"{op}/all")
+
+    @property
+    def payload_framing_factor(self) -> float | None:
+        """Link bytes per payload byte that crosses a machine's link, measured: the median of
+        the link fits' :meth:`LinkFit.framing_factor` over the scopes that cross machines
+        ("all", "cross"); None without link fits (one machine, no counters, older files)."""
+        factors = sorted(fit.framing_factor(*key.split("/"), self.machines, self.workers_per_machine)
+                         for key, fit in self.link_fits.items() if not key.endswith("/machine"))
+        if self.machines < 2 or not factors:
+            return None
+        middle = len(factors) // 2
+        return factors[middle] if len(factors) % 2 else (factors[middle - 1] + factors[middle]) / 2.0
+
     def compute_for(self, model_name: str) -> float | None:
         """Seconds of compute per step of ``model_name`` under the real placement, if measured."""
         return self.compute_time_s.get(model_name)
@@ -305,6 +346,8 @@ class Calibration:
             "busy_coordination_bytes_per_s": self.busy_coordination_bytes_per_s,
             "measured": self.measured, "where": self.where, "created": self.created,
             "horovod_env": dict(self.horovod_env), "horovod_cycle_time_ms": self.horovod_cycle_time_ms,
+            "link_fits": {k: {"overhead_bytes": f.overhead_bytes, "bytes_per_handed_byte": f.bytes_per_handed_byte,
+                              "points": [list(p) for p in f.points]} for k, f in sorted(self.link_fits.items())},
         }
 
     def to_json(self, path: str | None = None) -> str:
@@ -328,7 +371,8 @@ class Calibration:
                        coordination_packets_per_s=d.get("coordination_packets_per_s", 0.0),
                        measured=bool(d.get("measured", True)), where=str(d.get("where", "")),
                        created=str(d.get("created", "")), horovod_env=d.get("horovod_env", {}),
-                       busy_coordination_bytes_per_s=d.get("busy_coordination_bytes_per_s"))
+                       busy_coordination_bytes_per_s=d.get("busy_coordination_bytes_per_s"),
+                       link_fits=_link_fits(d.get("link_fits", {})))
         except KeyError as e:
             raise ConfigError(f"calibration lacks field {e.args[0]!r}",
                               hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None
@@ -340,6 +384,25 @@ class Calibration:
     def from_json(cls, path_or_text: str) -> "Calibration":
         from .jsonfile import load_json
         return cls.from_dict(load_json(path_or_text, what="calibration"))
+
+
+def _by_op_scope(entries, kind, what: str) -> dict:
+    """``{"op/scope": kind}`` from a mapping of fits or their dicts; a ConfigError names a key
+    that is not an op and a scope."""
+    out = {}
+    for key, fit in dict(entries).items():
+        op, _, scope = str(key).partition("/")
+        if op not in COLLECTIVE_OPS or scope not in SCOPES:
+            raise ConfigError(f"calibration {what} {key!r} is not 'op/scope'",
+                              hint=f"op one of {COLLECTIVE_OPS}, scope one of {SCOPES}")
+        out[f"{op}/{scope}"] = fit if isinstance(fit, kind) else kind(**fit)
+    return out
+
+
+def _link_fits(entries) -> dict:
+    if not isinstance(entries, dict) or not all(isinstance(f, dict) for f in entries.values()):
+        raise ConfigError("calibration 'link_fits' must map 'op/scope' to {overhead_bytes, bytes_per_handed_byte}")
+    return {k: LinkFit(**f) for k, f in entries.items()}
 
 
 def _ms(value: float | None) -> str:
@@ -376,3 +439,24 @@ def fit_collective(bytes_per_call, seconds_per_call) -> CollectiveFit:
     fit = CollectiveFit(latency, 8.0 / slope)
     error = max(abs(fit.time_s(b) - s) / s for b, s in points)
     return CollectiveFit(latency, 8.0 / slope, samples=len(points), max_relative_error=error, points=tuple(points))
+
+
+def fit_link(points) -> LinkFit:
+    """Fit ``link_bytes = overhead_bytes + bytes_per_handed_byte * bytes`` to one op and scope's
+    ``(bytes one rank hands, link bytes per call, link packets per call)`` points.
+
+    The slope comes from the two largest sizes, where MPI moves the bytes by its bandwidth
+    algorithms; the overhead is what the slope leaves at the smallest size (the link bytes a
+    call carries besides its payload: headers, ACKs, MPI's and Horovod's messages while it
+    runs), at least 0. The smallest size should be tiny (``px.calibrate`` times 256 bytes):
+    there the payload, however an algorithm moves it, is small against the overhead, and a
+    large call's counter noise (±2 % of megabytes) does not enter. A slope below 0 (no growth
+    with size: only noise) is taken as 0. Needs at least two distinct sizes.
+    """
+    rows = sorted((float(p[0]), float(p[1]), float(p[2]) if len(p) > 2 else 0.0) for p in points)
+    if len({b for b, _, _ in rows}) < 2 or any(not (math.isfinite(v) and v >= 0) for row in rows for v in row):
+        raise ConfigError(f"a link fit needs >= 2 distinct sizes and finite link bytes >= 0, got {points!r}")
+    (b1, l1, _), (b2, l2, _) = rows[-2], rows[-1]
+    slope = max(0.0, (l2 - l1) / (b2 - b1)) if b2 > b1 else 0.0
+    overhead = rows[0][1] - slope * rows[0][0]
+    return LinkFit(max(0.0, overhead), slope, points=tuple(rows))

@@ -573,22 +573,33 @@ class Collective:
 class LinkBytes:
     """What one machine's network link carries per step, as its kernel counters count it
     (received + sent): the cost model's ``payload_bytes``, the TCP/IP and Ethernet headers of
-    its segments and their ACKs (``framing_bytes``), and Horovod's coordination traffic
-    during the step (``coordination_bytes``). ``total_bytes`` is their sum; ``coordination``
-    says where its rate came from ("uncalibrated: 0" without a measurement)."""
+    its segments and their ACKs (``framing_bytes``), what the step's collective calls carry
+    besides their payload (``call_bytes``: measured per call by a calibration, 0 without one;
+    ``calls``: ``(("op/scope", calls per step), ...)``, every call a rank issues) and
+    Horovod's coordination traffic during the step (``coordination_bytes``).
+    ``total_bytes`` is their sum; ``coordination`` says where the figures came from
+    ("uncalibrated: ..." without a measurement)."""
 
     payload_bytes: float
     framing_bytes: float
     coordination_bytes: float
     step_time_s: float
     coordination: str
+    call_bytes: float = 0.0
+    calls: tuple = ()
+
+    @property
+    def call_count(self) -> int:
+        """Collective calls a rank issues per step."""
+        return sum(n for _, n in self.calls)
 
     @property
     def total_bytes(self) -> float:
-        return self.payload_bytes + self.framing_bytes + self.coordination_bytes
+        return self.payload_bytes + self.framing_bytes + self.call_bytes + self.coordination_bytes
 
     def to_dict(self) -> dict:
         return {"payload_bytes": self.payload_bytes, "framing_bytes": self.framing_bytes,
+                "call_bytes": self.call_bytes, "calls": dict(self.calls),
                 "coordination_bytes": self.coordination_bytes, "total_bytes": self.total_bytes,
                 "step_time_s": self.step_time_s, "coordination": self.coordination}
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from parallax_nb.calibration import DEFAULT_HOROVOD_CYCLE_TIME_MS, Calibration, CollectiveFit
+from parallax_nb.calibration import DEFAULT_HOROVOD_CYCLE_TIME_MS, Calibration, CollectiveFit, LinkFit
 from parallax_nb.errors import ConfigError
 
 
@@ -14,7 +14,9 @@ def measured() -> Calibration:
                               "alltoall/cross": {"latency_s": 5e-4, "bandwidth_bps": 9e8}},
                        compute_time_s={"lm_tiny": 0.012}, coordination_bytes_per_s=6.7e5,
                        busy_coordination_bytes_per_s=2.3e4, where="emulated 2x2@1Gbit/s",
-                       created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"})
+                       created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"},
+                       link_fits={"alltoall/cross": LinkFit(2400.0, 2.02, points=((256, 2917.0, 28.0),)),
+                                  "alltoall/machine": {"overhead_bytes": 800.0, "bytes_per_handed_byte": 0.0}})
 
 
 def test_round_trip_through_json(tmp_path):
@@ -29,14 +31,18 @@ def test_round_trip_through_json(tmp_path):
     assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
     assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
     assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
+    assert back.link_fits == cal.link_fits and back.link_fit("alltoall", "cross").overhead_bytes == 2400.0
+    assert back.link_fit("alltoall", "machine").points == () and back.link_fit("allgather") is None
+    assert back.payload_framing_factor == pytest.approx(1.01)   # 2.02 / (2 x 1 byte crossing per byte handed)
 
 
 def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults():
     """No horovod_env: Horovod's default 1 ms cycle; no busy rate: the idle rate stands in."""
     d = measured().to_dict()
-    for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s"):
+    for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s", "link_fits"):
         del d[key]
     old = Calibration.from_json(json.dumps(d))
+    assert old.link_fits == {} and old.payload_framing_factor is None   # the assumed framing, no call bytes
     assert old.horovod_env == {} and old.horovod_cycle_time_ms == 1.0 == DEFAULT_HOROVOD_CYCLE_TIME_MS
     assert old.busy_coordination_bytes_per_s is None and old.step_coordination_bytes_per_s == 6.7e5
 
@@ -82,6 +88,10 @@ def test_defaults_are_marked_uncalibrated():
     (lambda d: d["fits"].update({"broadcast/all": {"latency_s": 1, "bandwidth_bps": 1}}), "'broadcast/all'"),
     (lambda d: d["compute_time_s"].update(lm_tiny=-1), "compute_time_s['lm_tiny']"),
     (lambda d: d.update(machines=0), "machines must be a whole number"),
+    (lambda d: d["link_fits"]["alltoall/cross"].update(overhead_bytes=-5), "link overhead_bytes must be a finite"),
+    (lambda d: d["link_fits"].update({"alltoall/world": {"overhead_bytes": 1, "bytes_per_handed_byte": 1}}),
+     "link fit 'alltoall/world'"),
+    (lambda d: d.update(link_fits=[1, 2]), "'link_fits' must map"),
 ])
 def test_bad_files_are_refused_with_the_value(change, words):
     d = json.loads(measured().to_json())
@@ -115,6 +125,61 @@ def test_fit_never_gives_a_negative_latency():
     assert flat.latency_s > 0 and flat.time_s(1e6) < 1.02 * flat.latency_s
     with pytest.raises(ConfigError, match="2 distinct sizes"):
         fit_collective([1000, 1000], [1e-3, 2e-3])
+
+
+def test_link_fit_takes_the_slope_from_the_largest_calls_and_the_overhead_from_the_smallest():
+    """Link bytes per call: overhead + slope x bytes handed. The slope through the two largest
+    sizes; the overhead what it leaves at the smallest, where a small call's other algorithm
+    (here 2x the payload at 4 KiB, as Open MPI's recursive doubling) and a large call's
+    counter noise cannot move it."""
+    from parallax_nb.calibration import fit_link
+
+    sizes = [256, 4096, 65536, 1 << 20, 4 << 20]
+    link = [2400 + 2.0 * b for b in sizes]
+    link[1] += 2.0 * 4096
+    fit = fit_link([(b, v, 3.0) for b, v in zip(sizes, link)])
+    assert fit.bytes_per_handed_byte == pytest.approx(2.0) and fit.overhead_bytes == pytest.approx(2400.0)
+    assert fit.framing_factor("alltoall", "all", 2, 2) == pytest.approx(1.0)   # 2 x 2 ranks: 2 bytes cross per byte
+    assert [p[0] for p in fit.points] == sizes and fit.points[0][2] == 3.0
+    assert fit_link([(256, 100.0), (1 << 20, 90.0)]).bytes_per_handed_byte == 0.0   # shrinking: noise, not a slope
+    assert fit_link([(256, 10.0), (1 << 20, 3e6)]).overhead_bytes == 0.0             # never below 0
+    with pytest.raises(ConfigError, match="2 distinct sizes"):
+        fit_link([(256, 100.0, 1.0)])
+    with pytest.raises(ConfigError, match="finite link bytes"):
+        fit_link([(256, float("nan")), (4096, 1.0)])
+
+
+def test_combine_fits_the_machines_mean_link_per_call():
+    """px.calibrate's combine: per op and scope, the mean over the machines' link readings at
+    each size (the other ranks read none), then fit_link; one host gives none."""
+    from parallax_nb.calibrate import combine
+
+    def rank(r, link):
+        return {"rank": r, "machines": 2, "workers_per_machine": 1, "compute": None, "link": None,
+                "busy_link": None, "collectives": {"alltoall/all": [(256, 1e-3), (1 << 20, 9e-3)]},
+                "link_per_call": {"alltoall/all": link} if link else {}}
+
+    cal = combine([rank(0, [(256, 2000.0, 9.0), (1 << 20, 2_100_000.0, 90.0)]),
+                   rank(1, [(256, 3000.0, 11.0), (1 << 20, 2_200_000.0, 110.0)])], "here")
+    fit = cal.link_fit("alltoall")
+    assert fit.points == ((256.0, 2500.0, 10.0), (float(1 << 20), 2_150_000.0, 100.0))
+    assert fit.overhead_bytes == pytest.approx(2500.0 - 256 * fit.bytes_per_handed_byte)
+    one_host = combine([dict(rank(0, None), machines=1, workers_per_machine=2)], "loopback")
+    assert one_host.link_fits == {}
+
+
+def test_calibrating_engines_refuses_what_does_not_apply_to_them():
+    import parallax_nb as px
+    from parallax_nb.cluster import Cluster
+
+    with pytest.raises(ConfigError, match="needs a px.Cluster, got str"):
+        px.calibrate(cluster="engines")
+    stopped = Cluster(n=2)
+    with pytest.raises(ConfigError, match="np, env do\\(es\\) not apply"):
+        px.calibrate(cluster=stopped, np=2, env={"HOROVOD_CYCLE_TIME": "0.1"})
+    with pytest.raises(ConfigError, match="needs a started cluster"):
+        px.calibrate(cluster=stopped)
+    assert not stopped.running   # refused before anything started
 
 
 def _calibrate_cli(capsys, *argv):

@@ -344,5 +344,39 @@ def test_link_bytes_are_payload_with_tcp_framing_and_calibrated_coordination():
     assert predict_link_bytes(1_000_000.0, 0.1, defaults).coordination.startswith("uncalibrated defaults")
     with pytest.raises(ConfigError, match="step_time_s must be a finite number >= 0, got -1"):
         predict_link_bytes(1.0, -1)
+    # a calibration that read its links per call: the measured framing and each call's own bytes
+    from parallax_nb.calibration import LinkFit
+
+    linked = Calibration(2, 2, coordination_bytes_per_s=7e5, busy_coordination_bytes_per_s=10_000.0, where="here",
+                         link_fits={"alltoall/all": LinkFit(2000.0, 2.06), "alltoall/machine": LinkFit(700.0, 0.0),
+                                    "allreduce/all": LinkFit(3000.0, 2.06)})
+    priced = predict_link_bytes(1_000_000.0, 0.1, linked, calls={"alltoall/cross": 4, "alltoall/machine": 3,
+                                                                  "allreduce/all": 1})
+    assert priced.framing_bytes == pytest.approx(30_000.0)              # x1.03 measured, not x1.0684
+    assert priced.call_bytes == pytest.approx(4 * 2000.0 + 3 * 700.0 + 3000.0)   # "cross" unmeasured: "all"'s
+    assert priced.call_count == 8 and priced.coordination_bytes == pytest.approx(1_000.0)
+    assert priced.total_bytes == pytest.approx(1_030_000.0 + 13_100.0 + 1_000.0)
+    assert "framing x1.030 and 8 calls' overhead as measured" in priced.coordination
+    # counters' noise below the payload is not a framing below 1
+    noisy = Calibration(2, 2, where="here", link_fits={"alltoall/all": LinkFit(0.0, 1.96)})
+    assert predict_link_bytes(1000.0, 0.1, noisy).framing_bytes == 0.0
+    assert predict_link_bytes(1000.0, 0.1, linked).call_bytes == 0.0   # no calls given: none priced
     with pytest.raises(ConfigError, match="segment_bytes must be a whole number >= 1, got 0"):
         framing_factor(segment_bytes=0)
+
+
+
+def test_an_estimate_lists_every_call_a_rank_issues_per_step_for_the_link():
+    """Estimate.link.calls: the calls per op and scope (inside a machine too) that its step
+    time counts, the dense AR gradients as one fused allreduce; none on one rank."""
+    prof = Profile("toy", batch_size=32, steps=20, step_time_s=0.010, peak_memory_bytes=0,
+                   variables=(sparse_var(), dense_var("a"), dense_var("b")))
+    flat = estimate(prof, make_plan(prof, ClusterSpec.create(machines=8), "hybrid"))
+    assert dict(flat.link.calls) == {"alltoall/all": 3, "allreduce/all": 1}   # the hand-worked case above
+    assert flat.link.call_count == flat.collective_calls_per_step == 4
+    two_level = estimate(prof, make_plan(prof, ClusterSpec.create(machines=2, workers_per_machine=2), "hybrid"))
+    calls = dict(two_level.link.calls)
+    assert calls["allreduce/all"] == 1 and calls["alltoall/cross"] > 0 and calls["alltoall/machine"] > 0, calls
+    assert sum(calls.values()) == two_level.collective_calls_per_step
+    alone = estimate(prof, make_plan(prof, ClusterSpec.create(machines=1), "hybrid"))
+    assert alone.link.calls == () and alone.collective_calls_per_step == 0

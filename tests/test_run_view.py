@@ -426,3 +426,41 @@ def test_link_table_shows_payload_framing_and_coordination_beside_the_counters()
     uncalibrated.add_records(run.records, rank=0)
     assert uncalibrated.link_prediction().coordination_bytes == 0.0
     assert "uncalibrated" in uncalibrated.link_prediction().coordination
+
+
+def test_link_table_prices_every_call_of_what_ran_with_the_calibrated_link():
+    """With a calibration that measured its links per call, the prediction is the payload times
+    the measured framing plus each call of the executed plan's estimate at its measured bytes
+    (inside a machine too), and the table says how many calls."""
+    from parallax_nb import cost
+    from parallax_nb.calibration import Calibration, LinkFit
+
+    profile = _profile()
+    plan = make_plan(profile, ClusterSpec.create(machines=2, workers_per_machine=2), architecture="hybrid")
+    fits = {"alltoall/cross": LinkFit(2400.0, 2.04), "alltoall/all": LinkFit(2300.0, 2.02),
+            "alltoall/machine": LinkFit(800.0, 0.0), "allreduce/all": LinkFit(3000.0, 2.0)}
+    calibration = Calibration(2, 2, Calibration.defaults(2, 2, 1e9, 25e-6).fits, coordination_bytes_per_s=7e5,
+                              busy_coordination_bytes_per_s=4e4, where="test", link_fits=fits)
+    assert calibration.payload_framing_factor == pytest.approx(1.01)   # median of 1.02, 1.01, 1.0 ("machine" not)
+    run = Run(plan=plan, steps=3, engines=4, profile=profile, calibration=calibration)
+    run.hosts = ["m0", "m0", "m1", "m1"]
+    records = [dict(_record(s, 1.0), step_time_s=0.1 if s > 1 else 3.0, link_bytes=10_000 * s, link_packets=10 * s)
+               for s in (1, 2, 3)]
+    for rank in (0, 2):
+        run.add_records(records, rank=rank)
+    before = run.link_prediction()
+    assert before.call_bytes == 0.0 and before.calls == ()   # what ran is not known before the summary
+    executed = _executed_toy(plan, 2, 2)
+    run.finish(summary={"steps": 3, "executed_plan": executed.to_dict()}, history=records)
+    prediction = run.link_prediction()
+    calls = dict(cost.estimate_executed(profile, executed, plan.cluster, calibration).link.calls)
+    assert calls and prediction.calls == tuple(sorted(calls.items()))
+    assert sum(calls.values()) == prediction.call_count > 1
+    expected_calls = sum(n * calibration.link_fit(*key.split("/")).overhead_bytes for key, n in calls.items())
+    assert prediction.call_bytes == pytest.approx(expected_calls) and prediction.call_bytes > 0
+    payload = prediction.payload_bytes
+    assert prediction.framing_bytes == pytest.approx(payload * 0.01)
+    assert prediction.total_bytes == pytest.approx(payload * 1.01 + expected_calls + 4e4 * 0.1)
+    table = RunView(run, redraw_s=0.0).bytes_table.value
+    assert f"+ {prediction.call_count} calls' overhead" in table, table
+    assert "framing x1.010 and" in table

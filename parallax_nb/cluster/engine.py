@@ -47,6 +47,16 @@ def link_counters() -> tuple[int, int] | None:
     return interface_totals(interface)
 
 
+def measure_on_engine(job=None, workers_per_machine: int | None = None, link_interface: str | None = None) -> dict:
+    """``px.calibrate(cluster=...)`` on one engine: :func:`parallax_nb.runtime.calibrate.measure_on_rank`
+    reading the link the cluster named for its engines (:data:`LINK_INTERFACE_ENV`, e.g. an
+    emulated machine's ``eth0``) unless ``link_interface`` is given."""
+    from ..runtime.calibrate import measure_on_rank
+
+    return measure_on_rank(job=job, workers_per_machine=workers_per_machine,
+                           link_interface=link_interface or os.environ.get(LINK_INTERFACE_ENV) or None)
+
+
 class StopFlag:
     """A stop request that every rank agrees on (see module docstring).
 

@@ -279,15 +279,52 @@ class Run:
         prediction times engines per machine) with TCP/IP framing, plus the calibration's
         Horovod coordination rate times this run's measured median step time (the seconds are
         the run's, so the comparison tests the bytes, not the time model); None without a
-        prediction or on one machine."""
+        prediction or on one machine. With a calibration that measured its link per call
+        (``px.calibrate(cluster=...)``), the framing and every call of the step are priced as
+        measured; the calls are those of the executed plan's estimate (:meth:`_executed_estimate`)."""
         predicted = self.predicted_bytes_by_variable()
         machines = self.machines
         if not predicted or not machines:
             return None
         from ..cost.link import predict_link_bytes
 
+        executed = self._executed_estimate()
+        calls = dict(executed.link.calls) if executed is not None and executed.link is not None else None
         return predict_link_bytes(sum(predicted.values()) * machines[1], self.measured_step_time_s() or 0.0,
-                                  self.calibration)
+                                  self.calibration, calls=calls)
+
+    def _executed_topology(self):
+        """(the executed plan, the ClusterSpec it ran on: the ranks' machines, the emulated
+        network's bandwidth or the plan's), or None before the run's summary."""
+        executed = (self._summary or {}).get("executed_plan")
+        if not executed:
+            return None
+        from ..executed import ExecutedPlan
+        from ..types import ClusterSpec
+
+        ran = ExecutedPlan.from_dict(executed)
+        planned = getattr(self.plan, "cluster", None) or ClusterSpec(machines=1)
+        emulated = getattr(getattr(self.cluster, "network", None), "bandwidth_bps", None)
+        spec = planned.replace(machines=ran.machines, workers_per_machine=ran.workers_per_machine,
+                               local_aggregation=ran.local_aggregation,
+                               **({"bandwidth_bps": emulated} if emulated else {}))
+        return ran, spec
+
+    def _executed_estimate(self):
+        """The cost model's estimate of what the ranks executed, with this run's calibration
+        when it is of the run's shape; None without a profile, before the summary, or when the
+        profile is not of this model."""
+        topology = self._executed_topology() if self.profile is not None else None
+        if topology is None:
+            return None
+        from ..cost.against_run import calibration_of_shape
+        from ..cost.estimate import estimate_executed
+
+        ran, spec = topology
+        try:
+            return estimate_executed(self.profile, ran, spec, calibration_of_shape(spec, self.calibration))
+        except ParallaxError:
+            return None
 
     def measured_step_time_s(self) -> float | None:
         """Median step time of rank 0 over its steps after the first (the first traces and
@@ -306,20 +343,13 @@ class Run:
         after the first step. None while it runs, without ``profile=`` or without steps."""
         if self.profile is None or self._summary is None or not self.records:
             return None
-        from ..executed import ExecutedPlan
-
-        executed = self._summary.get("executed_plan")
-        if not executed:
+        topology = self._executed_topology()
+        if topology is None:
             return None
         from ..cost.against_run import check_step_time, measured_steps_text
-        from ..types import ClusterSpec, StepTimeCheck
+        from ..types import StepTimeCheck
 
-        ran = ExecutedPlan.from_dict(executed)
-        planned = getattr(self.plan, "cluster", None) or ClusterSpec(machines=1)
-        emulated = getattr(getattr(self.cluster, "network", None), "bandwidth_bps", None)
-        spec = planned.replace(machines=ran.machines, workers_per_machine=ran.workers_per_machine,
-                               local_aggregation=ran.local_aggregation,
-                               **({"bandwidth_bps": emulated} if emulated else {}))
+        ran, spec = topology
         records = self.records
         measured, steps = self.measured_step_time_s(), measured_steps_text(records[0]["step"], records[-1]["step"])
         try:

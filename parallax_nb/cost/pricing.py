@@ -14,7 +14,7 @@ from .choice import choose_method
 from .methods import variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import CallTime, calibration_for, call_time, compute_time_s, step_communication
+from .timing import CallTime, calibration_for, call_time, calls_by_scope, compute_time_s, step_communication
 
 _PRICINGS: dict = {}
 _PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
@@ -99,9 +99,10 @@ class Pricing:
         by_method: dict[str, float] = {}
         messages = 0
         fused_allreduce = False
-        times = []
+        times, charged_costs = [], []
         for i, (cost, key) in enumerate(zip(costs, keys)):
             charged = cost.cost_of(key)
+            charged_costs.append(charged)
             total += charged.bytes_per_step
             index += charged.index_bytes_per_step
             by_method[key] = by_method.get(key, 0.0) + charged.bytes_per_step
@@ -119,7 +120,8 @@ class Pricing:
         comm = step_communication(times, self.calibration)
         compute = self.compute_time_s
         step = compute + comm.comm_time_s
-        link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None)
+        link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
+                                  calls=calls_by_scope(charged_costs, cluster.workers))
         return Estimate(
             architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
             index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,

@@ -123,3 +123,23 @@ def step_communication(times: Sequence[CallTime], calibration: Calibration) -> S
 def fused_seconds_per_byte(calibration: Calibration) -> float:
     """Seconds one more byte handed to the fused allreduce adds (its latency is paid anyway)."""
     return 8.0 / calibration.fit("allreduce", "all").bandwidth_bps
+
+
+def calls_by_scope(costs: Sequence[MethodCost], ranks: int) -> dict:
+    """``{"op/scope": calls per step}`` of the charged costs, as :func:`step_communication`
+    counts them: the dense AR gradients' allreduces as one fused "allreduce/all" call; {} on
+    one rank (no collective)."""
+    out: dict = {}
+    fused = False
+    if ranks == 1:
+        return out
+    for cost in costs:
+        for c in cost.collectives:
+            if cost.fused_allreduce and c.op == "allreduce":
+                fused = True
+                continue
+            key = f"{c.op}/{c.participants}"
+            out[key] = out.get(key, 0) + c.count
+    if fused:
+        out["allreduce/all"] = out.get("allreduce/all", 0) + 1
+    return out

@@ -45,7 +45,12 @@ In order, identical on every rank:
    * ``cross``: alltoall over all ranks with zero-length parts to every rank but the own
      local index on the other machines (the runtime's cross steps); allreduce and allgather,
      which the runtime does not issue across machines alone, in a process set per local
-     index, added last so that step 3 saw only the sets of a run.
+     index, added last so that the steps before saw only the sets of a run, and removed at
+     the end (engines go on to train, and a set costs Horovod's loop its negotiation).
+
+   With a link to read, local rank 0 of each machine also reads its counters around each
+   timed chain (after its barrier): the median over the chains of the link bytes and packets
+   per call (``link_per_call``).
 
    ``machine`` and ``cross`` are measured only with several machines of several ranks each
    (otherwise they are the ``all`` calls, or empty).
@@ -55,7 +60,7 @@ from __future__ import annotations
 import statistics
 import time
 
-COLLECTIVE_SIZES_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+COLLECTIVE_SIZES_BYTES = (256, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
 CHAIN_CALLS = 3
 REPEATS = 7
 IDLE_S = 2.0
@@ -70,7 +75,9 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
     "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
     "compute": {"model", "median_step_s", "steps_s"} or None, "link" and "busy_link":
-    {"bytes", "packets", "seconds"} or None, "horovod_env": {Horovod setting: value}}``. ``job``: a
+    {"bytes", "packets", "seconds"} or None, "link_per_call": {"op/scope": [(bytes, link bytes,
+    link packets) per call, ...]} (local rank 0 with a link to read, else {}), "horovod_env":
+    {Horovod setting: value}}``. ``job``: a
     :class:`~parallax_nb.job.Job` or a ``module:name`` spec."""
     import os
 
@@ -97,15 +104,25 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
         out["busy_link"] = _busy_link(hvd, barrier, link_interface, idle_s)
     barrier("calibrate_idle")
     out["link"] = _idle_link(hvd, link_interface, idle_s)
+    out["link_per_call"] = {}
     if hvd.size() > 1:
-        calls = _collective_calls(hvd, hierarchy, chain)
-        for key, fn in calls.items():
-            out["collectives"][key] = _time_sizes(fn, hvd, barrier, key, sizes_bytes, chain, repeats)
+        def time_calls(calls: dict) -> None:
+            for key, fn in calls.items():
+                timed, link = _time_sizes(fn, hvd, barrier, key, sizes_bytes, chain, repeats, link_interface)
+                out["collectives"][key] = timed
+                if link is not None:
+                    out["link_per_call"][key] = link
+
+        time_calls(_collective_calls(hvd, hierarchy, chain))
         if hierarchy is not None:   # the sets per local index come last (see the module docstring)
-            for key, fn in _cross_set_calls(hvd, hierarchy, chain).items():
-                out["collectives"][key] = _time_sizes(fn, hvd, barrier, key, sizes_bytes, chain, repeats)
+            time_calls(_cross_set_calls(hvd, hierarchy, chain))
     # the sets of other local indices may still be timing: nobody leaves (and shuts Horovod down) before them
     barrier("calibrate_done")
+    if hierarchy is not None and hvd.size() > 1:   # engines go on training: no set a run does not use stays
+        from .context import remove_process_set
+
+        for i in range(hierarchy.G):
+            remove_process_set(hierarchy.peers_of(i))
     return out
 
 
@@ -245,22 +262,32 @@ def allgather_own(gathered, x):
     return gathered[:tf.shape(x)[0]]
 
 
-def _time_sizes(fn, hvd, barrier, key: str, sizes_bytes, chain: int, repeats: int) -> list:
-    """[(bytes per call, median seconds per call)] of one chained collective at every size."""
+def _time_sizes(fn, hvd, barrier, key: str, sizes_bytes, chain: int, repeats: int,
+                interface: str | None = None) -> tuple[list, list | None]:
+    """[(bytes per call, median seconds per call)] of one chained collective at every size,
+    and on local rank 0 with a link to read, [(bytes per call, link bytes per call, link
+    packets per call)] (None elsewhere): the link's counters around each timed chain (after
+    its barrier), the median over the ``repeats`` chains, per call."""
     import tensorflow as tf
 
     # every call hands a whole number of float32 elements per participant (at most W)
     quantum = 4 * hvd.size()
-    points = []
+    points, link_points = [], []
+    tag = key.replace('/', '_')
     for size in sizes_bytes:
         elements = max(quantum, size // quantum * quantum) // 4
         x = tf.zeros([elements], tf.float32)
         float(fn(x))  # untimed: traces on the first size, warms the buffers on every size
-        per_call = []
+        per_call, link_per_chain = [], []
         for r in range(repeats):
-            barrier(f"cal_{key.replace('/', '_')}_{size}_{r}")
+            barrier(f"cal_{tag}_{size}_{r}")
+            link = _LinkReading(hvd, interface)
             start = time.perf_counter()
             float(fn(x))
             per_call.append((time.perf_counter() - start) / chain)
+            link_per_chain.append(link.done())
         points.append((4 * elements, statistics.median(per_call)))
-    return points
+        if link_per_chain[0] is not None:
+            link_points.append((4 * elements, statistics.median(r["bytes"] for r in link_per_chain) / chain,
+                                statistics.median(r["packets"] for r in link_per_chain) / chain))
+    return points, (link_points if link_points else None)

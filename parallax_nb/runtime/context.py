@@ -70,6 +70,16 @@ def process_set(ranks: list[int]):
     return _process_sets[key]
 
 
+def remove_process_set(ranks: list[int]) -> None:
+    """Remove the Horovod process set of ``ranks`` added by :func:`process_set` (a collective,
+    like adding one); a no-op for a set never added. A set that stays costs every cycle of
+    Horovod's loop its negotiation, for the life of the engines."""
+    hvd = horovod()
+    added = _process_sets.pop(tuple(ranks), None)
+    if added is not None:
+        hvd.remove_process_set(added)
+
+
 def rank_info() -> RankInfo:
     hvd = horovod()
     return RankInfo(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),

@@ -114,7 +114,7 @@ def render_bytes_table(rows: list[dict]) -> str:
 def render_link_table(run) -> str:
     """Per machine: the bytes per step its network link carried (the kernel's counters, read by
     the engines) next to the prediction for one machine (:meth:`Run.link_prediction`: payload,
-    TCP/IP framing, Horovod's coordination); "" when not measured."""
+    TCP/IP framing, the calls' measured overhead, Horovod's coordination); "" when not measured."""
     measured = run.link_bytes_per_step()
     if not measured:
         return ""
@@ -124,12 +124,15 @@ def render_link_table(run) -> str:
     def fmt(x):
         return format_bytes(x) if x is not None else "-"
 
+    calls = (f"+ {prediction.call_count} calls' overhead" if prediction is not None and prediction.call_bytes
+             else "+ calls' overhead")
     body = [[style.name_cell(host), fmt(prediction and prediction.payload_bytes),
-             fmt(prediction and prediction.framing_bytes), fmt(prediction and prediction.coordination_bytes),
+             fmt(prediction and prediction.framing_bytes), fmt(prediction and prediction.call_bytes),
+             fmt(prediction and prediction.coordination_bytes),
              fmt(predicted), format_bytes(value), f"{100.0 * (value - predicted) / predicted:+.1f} %" if predicted else "-"]
             for host, value in measured.items()]
-    table = style.html_table(["machine", "payload", "+ TCP/IP framing", "+ coordination", "predicted link / step",
-                              "link counters / step", "error"], body)
+    table = style.html_table(["machine", "payload", "+ TCP/IP framing", calls, "+ coordination",
+                              "predicted link / step", "link counters / step", "error"], body)
     return table + (style.note("link prediction: " + style.esc(prediction.coordination)) if prediction is not None else "")
 
 
