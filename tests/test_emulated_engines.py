@@ -302,6 +302,54 @@ def test_local_steps_in_process_sets_keep_off_the_link(cluster):
     assert rates[True]["local_packets"] <= rates[True]["idle_packets"] * 1.2 + 20, rates
 
 
+def local_steps_over_all_ranks(on: bool) -> None:
+    """On an engine: from now on (``on``) or again not, the runtime's local-aggregation steps
+    run over all ranks with zero-length parts to the other machines, as before process sets
+    (the machines' sets are still added, so Horovod's background coordination is the same)."""
+    from parallax_nb.runtime import hierarchical
+
+    cls = hierarchical.Hierarchy
+    if on and not hasattr(cls, "_test_init"):
+        cls._test_init = cls.__init__
+
+        def init(self, *args, **kwargs):
+            cls._test_init(self, *args, **kwargs)
+            self._sets = {}
+        cls.__init__ = init
+    elif not on and hasattr(cls, "_test_init"):
+        cls.__init__ = cls._test_init
+        del cls._test_init
+
+
+@NEEDS_ROOT
+def test_process_sets_cut_hybrids_link_traffic_per_step(cluster):
+    """HYBRID on the LM, 30 steps, with its local steps in the machines' process sets (as it
+    runs) and again over all ranks: the same weights, and per step fewer packets and bytes on
+    each machine's link with the sets."""
+    from parallax_nb.workloads import lm_job
+
+    job = lm_job("small", optimizer="sgd")
+    figures, weights = {}, {}
+    for over_all in (False, True):
+        on_engines(cluster, local_steps_over_all_ranks, over_all)
+        try:
+            the_run = _hybrid_run(job, None)
+            the_run.wait(timeout=300)
+        finally:
+            on_engines(cluster, local_steps_over_all_ranks, False)
+        assert the_run.status == "done", the_run.message
+        weights[over_all] = the_run.weights
+        figures[over_all] = {"packets": the_run.link_packets_per_step(), "bytes": the_run.link_bytes_per_step(),
+                             "step_ms": 1000 * the_run.measured_step_time_s()}
+    print(f"\nLM HYBRID on {NETWORK}, link per step and machine: local steps in process sets {figures[False]}; "
+          f"over all ranks {figures[True]}")
+    for name in (name for name in weights[False] if "seed_generator" not in name):   # the RNG state moves on
+        np.testing.assert_allclose(weights[False][name], weights[True][name], **SGD_TOL, err_msg=name)
+    for host in figures[False]["packets"]:
+        assert figures[False]["packets"][host] < 0.95 * figures[True]["packets"][host], figures
+        assert figures[False]["bytes"][host] < figures[True]["bytes"][host], figures
+
+
 @NEEDS_ROOT
 def test_stop_within_30_s(cluster):
     from parallax_nb.workloads import lm_job
