@@ -139,7 +139,9 @@ def test_without_local_aggregation_every_worker_communicates():
 
       PS = G·r·[4·α·m·15/16 + 16·α·R·15/16] = 4·α·m·3/4·4 + 16·α·R·3/4·4 = 3,072,000 + 48,000 = 3,120,000
       AR = G·r·[2·α·m·15 + 16·α·R·15]       = 2·G²·α·m·3 + 16·G²·α·R·3  = 24,576,000 + 768,000 = 25,344,000
-      dense (16,384 B) = G·r·4·m·15/16 = 4·16,384·3/4·4 = 196,608
+      dense (16,384 B): the same allreduce over all ranks as with local aggregation, which
+      Open MPI routes over ranks placed machine by machine as the machines' ring:
+      4·m·(N-1)/N = 4·16,384·3/4 = 49,152 (not G·r·4·m·15/16 = 196,608)
     """
     var = sparse_var(unions=[1000, 1900, 2700, 3400])
     cluster = ClusterSpec(machines=4, workers_per_machine=4, local_aggregation=False)
@@ -148,7 +150,7 @@ def test_without_local_aggregation_every_worker_communicates():
     assert c.bytes_for("ps") == pytest.approx(3_120_000, abs=BYTE)
     assert c.bytes_for("ar") == pytest.approx(25_344_000, abs=BYTE)
     assert (c.cost_of("ps").messages_per_step, c.cost_of("ar").messages_per_step) == (45, 30)
-    assert variable_cost(dense_var(), cluster).bytes_for("ar") == pytest.approx(196_608, abs=BYTE)
+    assert variable_cost(dense_var(), cluster).bytes_for("ar") == pytest.approx(49_152, abs=BYTE)
     # local aggregation never sends more than the workers separately (the union <= G x alpha)
     with_la = variable_cost(var, cluster.replace(local_aggregation=True))
     assert with_la.bytes_for("ps") < c.bytes_for("ps") and with_la.bytes_for("ar") < c.bytes_for("ar")

@@ -63,9 +63,11 @@ def _calls(op: str, scope: str, *handed: float) -> Collective:
 
 def ar_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Ring allreduce ``4 m (n-1)/n``, fused with every other dense allreduce of the step; one
-    rank hands the whole gradient, ``m`` bytes, to that one call (also with local aggregation:
-    the runtime keeps it one allreduce over all ranks)."""
-    n, scale, _ = _shape(var, cluster)
+    rank hands the whole gradient, ``m`` bytes, to that one call. The runtime keeps it one
+    allreduce over all ranks with local aggregation on or off, so it is priced as Horovod's
+    flat allreduce over ranks placed machine by machine (:func:`_placed_by_machine`): the
+    machines' figure ``4 m (N-1)/N`` either way."""
+    n, scale, _ = _shape(var, _placed_by_machine(cluster))
     return MethodCost(allreduce_bytes(var.size_bytes, n) * scale, 0.0, _rounds("allreduce", n, cluster),
                       (_calls("allreduce", "all", var.size_bytes),), fused_allreduce=True)
 

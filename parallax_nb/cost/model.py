@@ -57,10 +57,13 @@ worker's peers that live on other machines; without r a single machine of G work
 seem to use the network.)
 
 With local aggregation ``g = 1, r = 1`` and the figures are DESIGN.md §6's formulas with N
-machines. Without it, dense and PS figures become ``G`` times the per-machine formula with N
+machines. Without it, PS figures become ``G`` times the per-machine formula with N
 (e.g. ``4 * G * m * (N-1) / N``), and the sparse AR figure becomes
 ``2 * G**2 * alpha_1 * m * (N-1)``. A topology-aware hierarchical ring would send less than
-this without local aggregation; that saving is exactly what local aggregation models.
+this without local aggregation; that saving is exactly what local aggregation models. The
+dense allreduce is the exception (:func:`parallax_nb.cost.methods.ar_dense`): the runtime
+issues the same allreduce over all ranks either way, and over ranks placed machine by machine
+Open MPI's allreduce crosses as the two-level figure, so it is charged that figure either way.
 
 Message rounds (latency)
 ------------------------
