@@ -15,7 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .errors import ParallaxError
 
-SUBCOMMANDS = ("profile", "plan", "run", "report", "cluster", "help")
+SUBCOMMANDS = ("profile", "plan", "run", "report", "cluster", "calibrate", "help")
 DEFAULT_MACHINES = 2
 DEFAULT_BANDWIDTH = "10Gbit/s"
 DEFAULT_LATENCY_US = 25.0
@@ -29,12 +29,14 @@ USAGE = f"""%parallax SUBCOMMAND [options]: profile, plan, run and report from o
                  [--calibration FILE] [-o NAME]
       plan PROFILE for a cluster (latency in microseconds) -> `planner` and `plan`
   %parallax run JOB [--engines 2] [--steps 100] [--plan PLAN] [--arch hybrid]
-                [--checkpoint-dir DIR] [--checkpoint-every K] [--resume] [-o NAME]
+                [--checkpoint-dir DIR] [--checkpoint-every K] [--resume] [--calibration C] [-o NAME]
       train JOB on MPI engines with a live view (Stop button or Ctrl-C stops it) -> `run`
   %parallax report PATH [--profile P] [--plan P] [--run R] [--title T]
       write the cost report: PATH (HTML) and the .csv and .json beside it
   %parallax cluster start|stop|status [--engines 2] [--emulate 2x2@1Gbit/s]
       the notebook's shared MPI engines
+  %parallax calibrate [--job JOB] [-o NAME]
+      measure the started cluster's collectives (and links, and JOB's compute) -> `calibration`
 
 %parallax SUBCOMMAND --help lists every option of a subcommand with its default.
 Results go to the notebook variable named in the arrow (-o NAME picks another).
@@ -89,6 +91,9 @@ def _plan_args(line):
 @argument("--checkpoint-dir", default=None, help="folder for checkpoints")
 @argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every K steps (0: at the end only)")
 @argument("--step-timeout", type=float, default=None, help="fail the run when one step takes longer (seconds)")
+@argument("--calibration", default=None, metavar="C",
+          help="a Calibration in the notebook or a calibration .json of these engines, for the predictions the "
+               "run view shows beside its measurements (default: the last %%parallax calibrate, if any)")
 @_output_option("run")
 def _run_args(line):
     """Train JOB on MPI engines with a live view (Ctrl-C or the Stop button stops every engine)."""
@@ -114,8 +119,19 @@ def _cluster_args(line):
     """Start, stop or show the notebook's shared cluster of MPI engines."""
 
 
+@magic_arguments("%parallax calibrate")
+@argument("--job", default=None, metavar="JOB",
+          help="also measure this job's compute per step on every engine at once (a Job in the notebook "
+               "or module:name; default: collectives and links only)")
+@argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+          help="give up (and restart the engines) after this long (default: 300)")
+@_output_option("calibration")
+def _calibrate_args(line):
+    """Calibrate the notebook's started cluster on its own engines (px.calibrate(cluster=...))."""
+
+
 _PARSERS = {"profile": _profile_args, "plan": _plan_args, "run": _run_args, "report": _report_args,
-            "cluster": _cluster_args}
+            "cluster": _cluster_args, "calibrate": _calibrate_args}
 
 
 def _help_text() -> str:
@@ -139,7 +155,7 @@ class ParallaxMagics(Magics):
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
-        self.last: dict = {"profile": None, "plan": None, "run": None}
+        self.last: dict = {"profile": None, "plan": None, "run": None, "calibration": None}
 
     # ----- helpers -----------------------------------------------------------------------------
     def resolve(self, expression: str, what: str):
@@ -310,10 +326,11 @@ class ParallaxMagics(Magics):
         plan = self._run_plan(args, job)
         prof = self.last["profile"]
         profile = prof if prof is not None and prof.model_name == job.name else None
+        calibration = self._calibration(args.calibration) if args.calibration else self.last["calibration"]
         the_run = dispatch.run(job, plan, engines=args.engines, steps=args.steps,
                                checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                                resume=args.resume, step_timeout_s=args.step_timeout, wait=False, display=True,
-                               profile=profile)
+                               profile=profile, calibration=calibration)
         self.store(args.output, the_run)
         self.last["run"] = the_run
         if args.plan is None:
@@ -343,6 +360,24 @@ class ParallaxMagics(Magics):
                 the_run = None     # the last run has no summary (failed or still running)
         files = report(prof, plan, the_run, title=args.title).save(args.path)
         print("report written: " + ", ".join(str(p) for p in (files if isinstance(files, tuple) else [files])))
+
+    def _do_calibrate(self, args) -> None:
+        from .calibrate import calibrate, fits_table
+        from .cluster import cluster as cluster_module
+
+        if not args.output.isidentifier():
+            raise UsageError(f"-o needs a variable name, got {args.output!r}")
+        if not args.timeout > 0:
+            raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+        c = cluster_module.current_default_cluster()
+        if c is None or not c.running:
+            raise UsageError("no cluster is running: start one with %parallax cluster start [--engines N] "
+                             "[--emulate MxG@BANDWIDTH], then calibrate it")
+        job = self.job(args.job) if args.job else None
+        calibration = calibrate(cluster=c, job=job, timeout_s=args.timeout)
+        self.store(args.output, calibration)
+        self.last["calibration"] = calibration
+        print(f"{calibration.label} ({calibration.shape}) -> `{args.output}`\n{fits_table(calibration)}")
 
     def _do_cluster(self, args) -> None:
         from .cluster import cluster as cluster_module

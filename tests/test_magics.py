@@ -37,7 +37,8 @@ def _usage_error(shell, line: str) -> str:
 
 def test_help_lists_every_subcommand(shell, capsys):
     doc = shell.find_line_magic("parallax").__doc__
-    for usage in ("%parallax profile", "%parallax plan", "%parallax run", "%parallax report", "%parallax cluster"):
+    for usage in ("%parallax profile", "%parallax plan", "%parallax run", "%parallax report", "%parallax cluster",
+                  "%parallax calibrate"):
         assert usage in doc
     assert "--workers-per-machine" in doc and "--checkpoint-dir" in doc and "-o NAME" in doc
     shell.run_cell("%parallax?")   # IPython's help shows the same docstring (pager prints here)
@@ -91,6 +92,7 @@ def test_bad_arguments_are_one_line_errors(shell, capsys):
     assert "invalid choice: 'restart'" in _usage_error(shell, "cluster restart")
     assert "the following arguments are required: JOB" in _usage_error(shell, "profile")
     assert "-o needs a variable name, got '1x'" in _usage_error(shell, "run job -o 1x")
+    assert "no cluster is running: start one with %parallax cluster start" in _usage_error(shell, "calibrate")
     # through run_cell, as a notebook cell runs it: one line, no traceback
     capsys.readouterr()
     result = shell.run_cell("%parallax plan --bandwidth 10furlongs")
@@ -137,6 +139,15 @@ def test_journey_profile_plan_run_report_cluster(shell, tmp_path, capsys):
 
     assert "--plan my_planner is a hybrid plan but --arch is ps" in _usage_error(
         shell, "run job --plan my_planner --arch ps --steps 2")
+    # the started cluster calibrated on its own engines; the next run takes it for its predictions
+    assert "--timeout must be > 0 seconds, got 0" in _usage_error(shell, "calibrate --timeout 0")
+    shell.run_line_magic("parallax", "calibrate -o cal")
+    from parallax_nb.calibration import Calibration
+
+    cal = shell.user_ns["cal"]
+    out = capsys.readouterr().out
+    assert isinstance(cal, Calibration) and cal.measured and cal.workers == 2, cal
+    assert "-> `cal`" in out and "alltoall" in out and cal.fit("alltoall").latency_s > 0
     # a run that hangs is interrupted like Ctrl-C in a cell (Run.wait stops the engines)
     guard = threading.Timer(300, os.kill, (os.getpid(), signal.SIGINT))
     guard.start()
@@ -146,6 +157,7 @@ def test_journey_profile_plan_run_report_cluster(shell, tmp_path, capsys):
         guard.cancel()
     run = shell.user_ns["r"]
     assert run.status == "done" and run.steps_done == 3 and len(run.history) == 3
+    assert run.calibration is cal
     assert run.summary()["architecture"] == "ar" and run.summary()["ranks"] == 2
     assert run.predicted_bytes_by_variable()          # planned for 2 engines from the profile
 
