@@ -369,7 +369,7 @@ def test_local_aggregation_bytes_match_cost_model(local_aggregation_runs):
 
 def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
     """px.calibrate's rank side on 4 ranks as 2 x 2: every op in every scope fitted with a
-    positive, finite latency and bandwidth; 4 MiB calls take longer than 4 KiB ones; the LM's
+    positive, finite latency and bandwidth; 4 MiB calls take longer than 256-byte ones; the LM's
     compute per step measured on every rank; the Calibration survives JSON."""
     from parallax_nb.calibrate import combine, fits_table
     from parallax_nb.calibration import Calibration
