@@ -43,8 +43,8 @@ network's veth links, whose counters see segmentation-offloaded super-frames, 1.
 1.0684); a call's ``overhead_bytes`` (:class:`~parallax_nb.calibration.LinkFit`) is what the link
 carried per call besides its payload: the headers and ACKs of its messages and Horovod's
 negotiation while it runs (measured on 2 x 2 ranks at 1 Gbit/s, Horovod's 1 ms cycle: about
-2.4 KB per alltoall across machines, 0.8 KB per call inside a machine, all of it the
-coordination of its ~1 ms). Counting them is what makes a recommender's many short calls
+2.4 KB per alltoall across machines; 0.8 KB per call inside a machine, where no payload
+crosses: Horovod's negotiation during its ~1 ms). Counting them is what makes a recommender's many short calls
 come out right: on payload alone they were predicted 8-18 % low. ``calls`` names every call
 a rank issues per step by op and scope (``{"alltoall/cross": 6, ...}``, the runtime's own
 listing, :mod:`.timing`), inside a machine too.
