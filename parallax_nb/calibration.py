@@ -32,6 +32,7 @@ Pure Python: no TensorFlow, no numpy.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -283,12 +284,9 @@ class Calibration:
         """Link bytes per payload byte that crosses a machine's link, measured: the median of
         the link fits' :meth:`LinkFit.framing_factor` over the scopes that cross machines
         ("all", "cross"); None without link fits (one machine, no counters, older files)."""
-        factors = sorted(fit.framing_factor(*key.split("/"), self.machines, self.workers_per_machine)
-                         for key, fit in self.link_fits.items() if not key.endswith("/machine"))
-        if self.machines < 2 or not factors:
-            return None
-        middle = len(factors) // 2
-        return factors[middle] if len(factors) % 2 else (factors[middle - 1] + factors[middle]) / 2.0
+        factors = [fit.framing_factor(*key.split("/"), self.machines, self.workers_per_machine)
+                   for key, fit in self.link_fits.items() if not key.endswith("/machine")]
+        return statistics.median(factors) if self.machines > 1 and factors else None
 
     def compute_for(self, model_name: str) -> float | None:
         """Seconds of compute per step of ``model_name`` under the real placement, if measured."""
@@ -400,9 +398,11 @@ def _by_op_scope(entries, kind, what: str) -> dict:
 
 
 def _link_fits(entries) -> dict:
+    """A file's ``link_fits`` as they are, once they are a mapping of dicts (the Calibration
+    makes the :class:`LinkFit` values and checks the keys)."""
     if not isinstance(entries, dict) or not all(isinstance(f, dict) for f in entries.values()):
         raise ConfigError("calibration 'link_fits' must map 'op/scope' to {overhead_bytes, bytes_per_handed_byte}")
-    return {k: LinkFit(**f) for k, f in entries.items()}
+    return entries
 
 
 def _ms(value: float | None) -> str:
