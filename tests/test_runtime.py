@@ -385,7 +385,13 @@ def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
         assert math.isfinite(fit.latency_s) and fit.latency_s >= 0 and math.isfinite(fit.bandwidth_bps), key
         assert fit.bandwidth_bps > 0 and fit.samples == len(COLLECTIVE_SIZES_BYTES), key
         (small, t_small), *_, (large, t_large) = fit.points
-        assert large > small and t_large > t_small, (key, fit.points)
+        assert large > small, (key, fit.points)
+        # An alltoall of 4 MiB moves at most 3 MiB per rank through shared memory here, well
+        # under a millisecond, less than the per-call noise of 4 ranks on 2 cores (CI saw
+        # alltoall/cross at 1.5-2.3 ms at every size from 256 B to 4 MiB, in no order); an
+        # allreduce or allgather of 4 MiB moves and sums several times that, so its size shows.
+        if not key.startswith("alltoall/"):
+            assert t_large > t_small, (key, fit.points)
     assert all(r["compute"]["model"] == "lm-tiny" and len(r["compute"]["steps_s"]) == 5 for r in per_rank)
     assert calibration.compute_for("lm-tiny") == max(r["compute"]["median_step_s"] for r in per_rank) > 0
     assert calibration.coordination_bytes_per_s == 0.0   # one host: no link to read
