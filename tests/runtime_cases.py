@@ -86,12 +86,33 @@ def compute_against_step(steps: int) -> dict:
     return {"calibration": calibrated, "steps_s": [r.step_time_s for r in result.history]}
 
 
+def stop_asked_on(rank: int, at_poll: int, steps: int) -> dict:
+    """The tiny LM under HYBRID where only ``rank`` asks to stop, from its ``at_poll``-th poll
+    on: this rank's steps done, whether it stopped early, and how often it was polled."""
+    from parallax_nb.runtime.context import rank_info
+    from parallax_nb.runtime.trainer import Trainer
+
+    job = make_job("lm", "sgd")
+    me, polls = rank_info().rank, []
+
+    def should_stop() -> bool:
+        polls.append(len(polls) + 1)
+        return me == rank and len(polls) >= at_poll
+
+    result = Trainer(job, make_plan(job, "hybrid", None)).run(steps, should_stop=should_stop)
+    return {"steps_done": result.steps_done, "stopped_early": result.stopped_early, "polls": len(polls)}
+
+
 def run_cases(cases: list[dict]) -> list[dict]:
     """Every case in order; a case ``{"calibrate": kwargs}`` measures the collectives and the
     compute of the LM instead (:func:`parallax_nb.runtime.calibrate.measure_on_rank`), a case
-    ``{"compute_against_step": kwargs}`` runs :func:`compute_against_step`."""
+    ``{"compute_against_step": kwargs}`` runs :func:`compute_against_step`, a case
+    ``{"stop_asked_on": kwargs}`` :func:`stop_asked_on`."""
     results = []
     for case in cases:
+        if "stop_asked_on" in case:
+            results.append(stop_asked_on(**case["stop_asked_on"]))
+            continue
         if "calibrate" in case:
             from parallax_nb.runtime.calibrate import measure_on_rank
 

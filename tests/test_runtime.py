@@ -37,6 +37,8 @@ def _partitions(architecture: str) -> int:
 
 
 _SWEEPS: dict = {}  # ranks -> (partition sweep cases, per rank results), run inside the launches below
+_STOPS: dict = {}   # ranks -> per rank results of runtime_cases.stop_asked_on
+STOP_RANK, STOP_AT_POLL = 2, 3
 
 
 def _partition_sweep(ranks: int, covered: set) -> list[dict]:
@@ -84,9 +86,11 @@ def three_rank_runs():
              dict(workload="lm", architecture="ar", optimizer="sgd", steps=STEPS)]
     start = time.perf_counter()
     sweep = _partition_sweep(3, covered={("ps", 3)})
-    per_rank = run_on_ranks(runtime_cases.run_cases, 3, args=(cases + sweep,), timeout_s=1500)
-    print(f"\n3-rank launch of {len(cases) + len(sweep)} cases: {time.perf_counter() - start:.1f} s")
-    _SWEEPS[3] = sweep, [r[len(cases):] for r in per_rank]
+    stop = dict(stop_asked_on=dict(rank=STOP_RANK, at_poll=STOP_AT_POLL, steps=STEPS))
+    per_rank = run_on_ranks(runtime_cases.run_cases, 3, args=(cases + sweep + [stop],), timeout_s=1500)
+    print(f"\n3-rank launch of {len(cases) + len(sweep) + 1} cases: {time.perf_counter() - start:.1f} s")
+    _SWEEPS[3] = sweep, [r[len(cases):-1] for r in per_rank]
+    _STOPS[3] = [r[-1] for r in per_rank]
     return cases, [r[:len(cases)] for r in per_rank]
 
 
@@ -418,6 +422,12 @@ def test_calibrated_compute_is_no_more_than_a_step_of_the_run(two_rank_runs):
     print(f"\ncalibrated compute {compute * 1e3:.1f} ms per step, the run's step {step * 1e3:.1f} ms "
           f"(median of steps 3-{COMPUTE_AGAINST_STEP_STEPS}, slowest rank)")
     assert 0 < compute <= 2.0 * step, (compute, step)
+
+
+def test_a_stop_asked_on_one_rank_ends_every_rank_after_the_same_step(three_rank_runs):
+    """Only rank 2 asks to stop, from its 3rd poll on (before step 3): its request rides step
+    3's loss collective, so every rank ends after step 3, stopped early, polled 3 times."""
+    assert _STOPS[3] == [{"steps_done": STOP_AT_POLL, "stopped_early": True, "polls": STOP_AT_POLL}] * 3, _STOPS[3]
 
 
 def test_resume_equals_uninterrupted(two_rank_runs):

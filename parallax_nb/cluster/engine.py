@@ -11,10 +11,10 @@ a small dict to the notebook:
 - ``should_stop()`` turns a stop request into the same decision on every rank. The notebook
   asks for a stop by sending ``SIGUSR1`` to each engine through ipyparallel's nanny (the
   control channel, which works while the engine is busy); the handler only sets a flag.
-  Ranks may see the signal at different steps, so the flags are combined with an
-  ``allreduce(MAX)`` every step (``runtime.train`` does this itself; for another training
-  function, :class:`StopFlag` does it over MPI): all ranks leave the loop after the same step
-  and none is left waiting in a collective.
+  Ranks may see the signal at different steps, so the flags are combined across ranks every
+  step (``runtime.train`` lets them ride the step's loss collective; for another training
+  function, :class:`StopFlag` combines them with an ``allreduce(MAX)`` over MPI): all ranks
+  leave the loop after the same step and none is left waiting in a collective.
 
 Kept free of widgets and of the notebook side so that it imports fast on engines.
 """

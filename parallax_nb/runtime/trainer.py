@@ -104,6 +104,7 @@ class Trainer:
         self.router = guards.CheckedLookups(self.exchange.router)
         self._step_fn = tf.function(self._step, autograph=False)
         self.step = 0
+        self.stop_agreed = False
         self.executed = executed_plan(plan, self.variable_table(), self.topology, self.local_aggregation, partitions)
 
     # ------------------------------------------------------------------ set-up
@@ -251,16 +252,16 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ the step
-    def _step(self, x, y):
+    def _step(self, x, y, stop):
         """The train step as ``tf.function`` traces it (:meth:`_step_graph`), leaving none of
         its ``tf.custom_gradient`` registrations behind (:func:`.tensor_ops.forget_custom_gradients_since`)."""
         registered = custom_gradient_names()
         try:
-            return self._step_graph(x, y)
+            return self._step_graph(x, y, stop)
         finally:
             forget_custom_gradients_since(registered)
 
-    def _step_graph(self, x, y):
+    def _step_graph(self, x, y, stop):
         hvd = self.hvd
         self.ledger.clear()
         self.router.reset()
@@ -275,8 +276,10 @@ class Trainer:
         for vs in tape_vars:
             grads.append(flat[offset:offset + len(vs)])
             offset += len(vs)
-        # the loss and the 2 N health flags (guards) ride one collective the step issues anyway
-        carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, flat, self.rank, self.ranks)], 0)
+        # the loss, the 2 N health flags (guards) and this rank's stop request (1.0 when asked:
+        # above 0 after averaging when any rank was) ride one collective the step issues anyway
+        carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, flat, self.rank, self.ranks),
+                             tf.reshape(tf.cast(stop, tf.float32), [1])], 0)
         pairs, reduced = self.exchange.exchange(grads, carried if self.ranks > 1 else None)
         pairs, clipping_collectives = self.clipping.clip(pairs)
         if pairs:  # a rank that owns no partition of a PS-only model updates nothing
@@ -296,16 +299,19 @@ class Trainer:
                 if self.ranks > 1:  # no dense allreduce carried the loss: its own, after the updates
                     with tf.control_dependencies([_updated(v) for s in self.syncs for v in s.optimizer_variables]):
                         reduced = hvd.allreduce(reduced, op=hvd.Average, name="px_loss", ignore_name_scope=True)
-        return reduced[0], reduced[1:], self.ledger.totals([s.name for s in self.syncs]), issued
+        return reduced[0], reduced[1:-1], reduced[-1], self.ledger.totals([s.name for s in self.syncs]), issued
 
-    def run_step(self, x, y) -> StepRecord:
+    def run_step(self, x, y, stop_requested: bool = False) -> StepRecord:
         """One step; a non-finite loss or gradient on any rank raises :class:`NumericError` on
-        every rank, an id outside its table a :class:`JobError` on the rank that read it."""
+        every rank, an id outside its table a :class:`JobError` on the rank that read it.
+        ``stop_requested``: this rank was asked to stop; afterwards :attr:`stop_agreed` says
+        whether any rank was, the same on every rank (it rode the step's loss collective)."""
         start = time.perf_counter()
         with self._user_errors():
-            loss, health, byte_totals, _ = self._step_fn(x, y)
+            loss, health, stop, byte_totals, _ = self._step_fn(x, y, tf.constant(float(stop_requested)))
             loss, health, byte_totals = float(loss), health.numpy(), byte_totals.numpy()
         elapsed = time.perf_counter() - start
+        self.stop_agreed = float(stop) > 0
         guards.check_health(health, self.step + 1, self.ranks)
         by_var = {s.name: (float(sent), float(received)) for s, (sent, received) in zip(self.syncs, byte_totals)}
         self.step += 1
@@ -398,18 +404,14 @@ class Trainer:
             data = iter(self.job.dataset(self.rank, self.ranks).skip(self.step))
             while self.step < steps:
                 step = self.step + 1
-                # one deadline per step: the stop poll, the batch, the step and the callback
-                self._watch("stop poll", step, STEP)
-                if should_stop is not None and self._any_rank(bool(should_stop())):
-                    stopped = True
-                    break
-                self._watch("data", step)
+                # one deadline per step: the batch, the step and the callback
+                self._watch("data", step, STEP)
                 x, y = next(data)
                 if not history:
                     progress.phase("run", f"tracing the training step (step {self.step + 1})")
                     self._trace(x, y, step)
                 self._watch("step", step)
-                record = self.run_step(x, y)
+                record = self.run_step(x, y, stop_requested=should_stop is not None and bool(should_stop()))
                 history.append(record)
                 self._watch("callback", step)
                 if on_step is not None:
@@ -417,6 +419,9 @@ class Trainer:
                 if checkpoint_dir and checkpoint_every and self.step % checkpoint_every == 0:
                     self._watch("checkpoint", step, max(self._step_timeout(), SLOW_LIMIT_S))
                     saved.append(ckpt.save(self, checkpoint_dir))
+                if self.stop_agreed and self.step < steps:
+                    stopped = True
+                    break
             self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
                 saved.append(ckpt.save(self, checkpoint_dir))
@@ -450,7 +455,7 @@ class Trainer:
             return
         self._watch("tracing", step, SLOW_LIMIT_S)
         with self._user_errors():
-            self._step_fn.get_concrete_function(x, y)
+            self._step_fn.get_concrete_function(x, y, tf.constant(0.0))
         self._watch("traced", step, self.watchdog.wait_limit)
         barrier(f"traced_{step}")
         self._watch("step", step, STEP)
@@ -474,12 +479,6 @@ class Trainer:
         if error is not None:
             raise CheckpointError(*error)
         return path
-
-    def _any_rank(self, flag: bool) -> bool:
-        if self.ranks == 1:
-            return flag
-        value = self.hvd.allreduce(tf.constant(1.0 if flag else 0.0), op=self.hvd.Max, name="px_should_stop")
-        return bool(value.numpy() > 0)
 
     def _rank_mean_bytes(self, history: list[StepRecord]) -> dict:
         measured = history[1:] if len(history) > 1 else history
@@ -505,8 +504,9 @@ def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, chec
     ``checkpoint_dir``: checkpoints every ``checkpoint_every`` steps and at the end (written
     by rank 0). ``resume``: continue from the latest checkpoint there (same data position,
     optimizer state and weights). ``on_step(record)`` after every step on every rank.
-    ``should_stop()`` is polled before each step; when any rank says True, all stop together
-    (``stopped_early``). ``step_timeout_s``: the data start-up or a step that takes longer is
+    ``should_stop()`` is polled before each step and its answer rides that step's loss
+    collective (no collective of its own): when any rank said True, all stop together after
+    that step (``stopped_early``). ``step_timeout_s``: the data start-up or a step that takes longer is
     reported as a DistributedError naming the rank that did not arrive, and ends the process
     (tracing the step function is timed apart, see ``Trainer._trace``). A non-finite loss or
     gradient raises :class:`NumericError` in the step it appears in; nothing non-finite is

@@ -31,14 +31,14 @@ FLUSH_S = 1.0  # a running step's heartbeat reaches its file at most this late
 STEP = "the step timeout"   # Watchdog.watch(limit=STEP): the user's step timeout
 KEEP = "the current deadline"   # Watchdog.watch(limit=KEEP): a new phase under the running deadline
 #: phases in the order a rank passes them within one step; start-up phases are step 0
-PHASES = ("starting", "started", "first batch", "first batch check", "set-up", "stop poll", "data", "tracing", "traced", "step",
+PHASES = ("starting", "started", "first batch", "first batch check", "set-up", "data", "tracing", "traced", "step",
           "callback", "checkpoint", "done")
 _SLOW = {"starting", "tracing", "checkpoint"}
 _DOING = {"starting": "starting (building the model)", "started": "waiting for the other ranks to start",
           "first batch": "reading its first batch",
           "first batch check": "checking the first batch with the other ranks",
           "set-up": "setting up (broadcasting and sharding the variables)",
-          "stop poll": "asking the other ranks whether to stop", "data": "loading its batch",
+          "data": "loading its batch",
           "tracing": "tracing the step function", "traced": "waiting for the others to finish tracing",
           "step": "inside the step", "callback": "in the on_step callback", "checkpoint": "writing a checkpoint",
           "done": "done"}
