@@ -85,14 +85,15 @@ Inside a rank that ran ``hvd.init()``, ``MPI.Query_thread()`` is ``MPI_THREAD_MU
   Adam on the owner. Rejected.
 * **A serving thread per rank on its own communicator** (this module; ``mpi4py.util.pkl5``
   messages, the thread polls with ``improbe`` and sleeps 50 us doubling to 1 ms while idle).
-  Shared memory: pull 0.35-2.2 ms, push 2.2-3.2 ms (acknowledged; the probe applied it with
-  numpy's slow ``subtract.at``) with the target idle; 1.8 ms and 3.1-3.6
-  ms while the target's main thread ran TensorFlow matmuls (TensorFlow releases the GIL).
-  TCP: pull 0.42 ms / push 3.9 ms idle, 4.6 / 4.3 ms with the target busy. No stall: the
-  thread is always in MPI. Idle cost, CPU seconds per second of one rank: Horovod alone
-  0.21-0.22, with the polling thread 0.34-0.47, with a thread blocked in ``MPI_Recv``
-  instead 0.59-0.61 (Open MPI's blocking receive spins); the blocking thread also answered
-  pulls in 20 ms (median) while its rank computed. Chosen: the polling thread.
+  This module, ``benchmarks/bench_async_ps.py`` (one invocation each; pull, then push until
+  applied and acknowledged): shared memory, owner idle: pull 0.60 ms, push 0.60 ms (p90 1.4
+  / 1.8 ms); owner's main thread running TensorFlow matmuls: 1.13 / 1.18 ms (p90 3.4 ms).
+  TCP: 1.13 / 1.35 ms idle, 1.52 / 1.87 ms busy. No stall: the serving thread is always in
+  MPI, and TensorFlow releases the GIL while it computes. Idle cost, CPU seconds per second
+  of one rank (probe): Horovod alone 0.21-0.22, with the polling thread 0.34-0.47, with a
+  thread blocked in ``MPI_Recv`` instead 0.59-0.61 (Open MPI's blocking receive spins); the
+  blocking thread also answered pulls in 20 ms (median) while its rank computed, against
+  1.8 ms polling. Chosen: the polling thread.
 * **TensorFlow's ParameterServerStrategy**: not measured; two eager workers connecting to
   one PS task hung here (DESIGN.md section 3), and it would be a second runtime beside MPI.
 
