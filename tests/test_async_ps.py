@@ -24,7 +24,7 @@ import pytest
 
 import async_ps_cases as cases
 from parallax_nb.errors import ConfigError
-from parallax_nb.runtime.async_ps import SGD, AsyncPS, sum_duplicates
+from parallax_nb.runtime.async_ps import SGD, AsyncPS, ServedTable, sum_duplicates
 from parallax_nb.runtime.partitioning import RowPartitioning
 
 pytestmark = pytest.mark.mpi
@@ -168,3 +168,16 @@ def test_duplicate_ids_of_a_push_are_summed_once():
     ids, grads = sum_duplicates(np.array([5, 2, 5, 7, 2, 5]), np.arange(6, dtype=np.float32)[:, None] * [1, 10])
     np.testing.assert_array_equal(ids, [2, 5, 7])
     np.testing.assert_array_equal(grads, [[1 + 4, 10 + 40], [0 + 2 + 5, 0 + 20 + 50], [3, 30]])
+
+
+def test_a_sharded_variable_is_served_as_it_is_partitioned():
+    """The trainer's PS shards (rank 1 of 2, P = 3: partition 1) become a served table as they are."""
+    from parallax_nb.runtime.sharded import ShardedVariable
+
+    full = np.arange(7 * 2, dtype=np.float32).reshape(7, 2)
+    part = RowPartitioning(7, 3, 2)
+    shard = ShardedVariable("emb/embeddings", full.shape, "float32", part, 1, {1: part.split(full, 1)})
+    table = ServedTable.from_shard(shard)
+    assert (table.name, table.partitioning, table.row_shape, table.dtype) == ("emb/embeddings", part, (2,), np.float32)
+    assert list(table.parts) == [1]
+    np.testing.assert_array_equal(table.parts[1], full[[1, 4]])

@@ -155,6 +155,13 @@ class ServedTable:
         return cls(name, part, tuple(array.shape[1:]), array.dtype,
                    {p: part.split(array, p).copy() for p in part.owned_by(rank)})
 
+    @classmethod
+    def from_shard(cls, shard) -> "ServedTable":
+        """The partitions a :class:`~.sharded.ShardedVariable` holds on this rank (copied: the
+        served arrays are the parameters from then on; the shard's variables are not updated)."""
+        return cls(shard.name, shard.partitioning, shard.row_shape, np.dtype(shard.dtype.as_numpy_dtype),
+                   {p: np.array(v) for p, v in shard.values().items()})
+
 
 def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One entry per distinct id, its gradients summed in the order they came (ids ascending)."""
