@@ -136,6 +136,11 @@ def dead_peer_waits(timeout_s: float) -> dict:
             ps.pull("table", [1])   # partition 1, owned by rank 1
         except DistributedError as e:
             out["pull_error"], out["pull_waited_s"] = str(e), time.monotonic() - start
+        start = time.monotonic()
+        try:
+            ps.pull("table", [0])   # its own row: still refused, the instance gave up
+        except DistributedError as e:
+            out["after_error"], out["after_error_s"] = str(e), time.monotonic() - start
     ps.timeout_s = 30.0
     ps.close()
     return out

@@ -154,6 +154,7 @@ def test_a_dead_peer_is_named_instead_of_waited_for_forever(launches):
     rank0, rank1 = launches[2][len(STALENESS) + 1]
     assert "for rank(s) [1]" in rank0["ssp_error"] and "start step 1" in rank0["ssp_error"]
     assert "from rank 1" in rank0["pull_error"]
+    assert "gave up earlier" in rank0["after_error"] and rank0["after_error_s"] < 0.5
     assert 0.9 < rank0["ssp_waited_s"] < 5.0 and 0.9 < rank0["pull_waited_s"] < 5.0
     assert rank1 == {}
 

@@ -62,7 +62,9 @@ other ranks too (measured: a rank still polling MPI from a second thread crashed
 segmentation fault when the other rank exited, 3 of 3 runs; with a barrier before leaving,
 3 of 3 clean). Every wait (a reply, an acknowledgement, an SSP turn, a snapshot, the end)
 has a deadline (``timeout_s``) and then raises :class:`~parallax_nb.errors.DistributedError` naming the
-rank(s) waited for; a serving thread that is told to stop leaves within one poll pause.
+rank(s) waited for; after that the instance refuses every call but ``close()`` (a reply that
+came late could otherwise answer a later request). A serving thread that is told to stop
+leaves within one poll pause.
 
 Why this mechanism (measured here, Open MPI 4.1.4, mpi4py 4.1.1, TensorFlow 2.18, Horovod
 0.28.1; 2 ranks on a 2-core machine another job was loading: figures are medians of a few
@@ -240,6 +242,7 @@ class AsyncPS:
         self._heard = time.monotonic()   # when another rank last sent something
         self._stop = threading.Event()
         self._closed = False
+        self._failed: DistributedError | None = None   # a wait that timed out: only close() is left
         self._thread = threading.Thread(target=self._serve, name=f"px-async-ps-server-{self.rank}", daemon=True)
         self._thread.start()
 
@@ -266,6 +269,7 @@ class AsyncPS:
     def pull(self, name: str, ids) -> np.ndarray:
         """Rows ``ids`` (any shape of int ids, duplicates allowed) of variable ``name`` as their
         owners hold them now: shape ``ids.shape + row_shape``. Waits first for its SSP turn."""
+        self._check_usable()
         table = self._table(name)
         ids = np.asarray(ids, dtype=np.int64)
         self.wait_turn()
@@ -287,6 +291,7 @@ class AsyncPS:
         """Send the gradients ``grads`` of rows ``ids`` (``grads.shape = ids.shape + row_shape``)
         to their owners (applied at once when this rank owns them); returns without waiting.
         Duplicate ids are summed here, before sending."""
+        self._check_usable()
         table = self._table(name)
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         grads = np.asarray(grads, dtype=table.dtype).reshape((len(ids),) + table.row_shape)
@@ -305,6 +310,7 @@ class AsyncPS:
 
     def end_step(self) -> None:
         """This worker finished a step: wait until its pushes are applied, then tell every rank."""
+        self._check_usable()
         self._await_acks()
         self.step += 1
         with self._state:
@@ -330,7 +336,7 @@ class AsyncPS:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     behind = [r for r in self._others() if t - self._clocks[r] > k]
-                    raise DistributedError(
+                    raise self._give_up(
                         f"rank {self.rank} waited {self.timeout_s:g} s to start step {t} (max_staleness={k}) for "
                         f"rank(s) {behind}, still at step(s) {[self._clocks[r] for r in behind]}",
                         hint="a rank that stopped or died; raise timeout_s if it is only slow")
@@ -342,6 +348,7 @@ class AsyncPS:
         """This rank's partitions holding exactly the pushes of every worker's steps before
         ``self.step`` (module docstring). Collective: every worker calls it after the same
         number of steps."""
+        self._check_usable()
         self._await_acks()
         at = self.step
         for rank in self._others():
@@ -352,8 +359,8 @@ class AsyncPS:
         with self._state:   # this rank's own copy: taken when the last worker asked it
             if not self._state.wait_for(lambda: at in self._snapshots or self._server_error, self.timeout_s):
                 missing = sorted(set(range(self.ranks)) - self._snapshot_asks.get(at, set()))
-                raise DistributedError(f"rank {self.rank} waited {self.timeout_s:g} s for rank(s) {missing} to "
-                                       f"reach the snapshot at step {at}", hint="a rank that stopped or died")
+                raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for rank(s) {missing} to "
+                                    f"reach the snapshot at step {at}", hint="a rank that stopped or died")
             self._raise_server_error()
             return self._snapshots.pop(at)
 
@@ -460,10 +467,21 @@ class AsyncPS:
                 return got
             self._raise_server_error()
             if time.monotonic() > deadline:
-                raise DistributedError(f"rank {self.rank} waited {self.timeout_s:g} s for {what} from rank {source}",
-                                       hint=f"rank {source} stopped serving or died")
+                raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for {what} from rank {source}",
+                                    hint=f"rank {source} stopped serving or died")
             time.sleep(pause)
             pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
+
+    def _give_up(self, message: str, hint: str) -> DistributedError:
+        """The error of a wait that timed out; the instance refuses every later call but close():
+        a reply that comes late could otherwise answer a later request."""
+        self._failed = DistributedError(message, hint=hint)
+        return self._failed
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise DistributedError(f"rank {self.rank}'s asynchronous PS gave up earlier ({self._failed.message})",
+                                   hint="close() it: after a timeout a late reply could answer a later request")
 
     def _raise_server_error(self) -> None:
         if self._server_error is not None:
