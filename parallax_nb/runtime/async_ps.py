@@ -1,0 +1,596 @@
+"""Asynchronous parameter-server training: every rank serves the partitions it owns from a
+thread of its own, and workers pull rows and push gradients without a barrier (issue 16).
+
+How it works
+------------
+Rows are owned as in the synchronous PS (:mod:`.partitioning`): row ``i`` of a variable split
+into ``P`` partitions lives in partition ``p = i mod P`` at local row ``i div P``, owned by rank
+``p mod N``. Each rank runs one *serving thread* that receives, on a communicator of its own
+(a duplicate of the job's, so nothing it sends can match Horovod's or the trainer's messages):
+
+* ``pull(ids)``: answers with the rows, as they are when the request is served;
+* ``push(ids, grads)``: applies the update to its partitions, then acknowledges. Duplicate
+  ids of one push are summed first (as the synchronous PS does), so each touched row gets
+  one update per push: SGD ``w[i] -= lr * sum of the push's gradients of row i``;
+* ``clock(c)``: worker ``r`` has finished ``c`` steps; ``done``: worker ``r`` has finished.
+
+The training thread of the same rank is the *worker*: :meth:`AsyncPS.pull`,
+:meth:`AsyncPS.push`, :meth:`AsyncPS.end_step`, :meth:`AsyncPS.close`. What a worker asks of
+its own rank's partitions it does itself, in-process, without a message to itself.
+
+Exactly once
+------------
+A push to another rank is one MPI message, received once by its owner's serving thread,
+applied in that one handler call, and never re-sent; a push to the own rank is one call.
+Nothing retries, so no gradient is applied twice, and MPI loses none (a rank that dies ends
+the job with an error, below). Both threads of a rank read and write its partitions under one
+lock, so a pull never sees half a push.
+
+Stale-synchronous parallel (SSP)
+--------------------------------
+``max_staleness = k``: a worker about to start step ``t`` (it has finished ``t`` steps) waits
+while ``t - min_r c_r > k``, with ``c_r`` the steps worker ``r`` has finished (a finished
+worker counts as infinitely far on). ``k = 0`` is lock-step, ``k = None`` never waits.
+:meth:`AsyncPS.end_step` first waits for the acknowledgements of the step's pushes, then sends
+its clock to every rank; so when a worker sees ``c_r >= s`` (from its own serving thread's
+table), every push of worker ``r``'s steps ``< s`` is already applied at its owner, and a pull
+sent after that sees it. Read guarantee: a pull of step ``t`` sees every push of every
+worker's steps ``< t - k`` and this worker's own pushes of steps ``< t``. Waiting for the
+acknowledgements also bounds how many pushes a fast worker can leave queued at an owner.
+
+Consistent snapshot
+-------------------
+:meth:`AsyncPS.snapshot`, called by every worker after the same number of steps ``c``,
+returns this rank's partitions holding exactly the pushes of every worker's steps ``< c`` and
+none of its later ones: each worker asks every owner for the snapshot after its step
+``c - 1`` was acknowledged; an owner copies its partitions once all ``N`` have asked (before
+that it keeps serving the workers still before ``c``), and a worker goes on only when every
+owner has copied (so none of its pushes of step ``c`` can precede a copy). It is a barrier
+at that step, and it is the state synchronous training would reach after ``c`` steps up to
+the order of floating-point additions. :meth:`AsyncPS.close` returns the final state: all
+pushes of all workers.
+
+Shutdown
+--------
+:meth:`AsyncPS.close`: the worker waits for its acknowledgements, tells every rank it is done,
+and its serving thread goes on serving the others until all ``N`` workers said done. MPI
+keeps each sender's messages in order, so a worker's ``done`` is the last message an owner
+gets from it: the queue is empty when the last one arrives, and the thread ends. Then the
+ranks pass a barrier, so none leaves while another still exchanges with it: Horovod's
+shutdown on one rank (at the end of a rank started by ``run_on_ranks``) ends MPI under the
+other ranks too (measured: a rank still polling MPI from a second thread crashed with a
+segmentation fault when the other rank exited, 3 of 3 runs; with a barrier before leaving,
+3 of 3 clean). Every wait (a reply, an acknowledgement, an SSP turn, a snapshot, the end)
+has a deadline (``timeout_s``) and then raises :class:`~parallax_nb.errors.DistributedError` naming the
+rank(s) waited for; after that the instance refuses every call but ``close()`` (a reply that
+came late could otherwise answer a later request). A serving thread that is told to stop
+leaves within one poll pause.
+
+Why this mechanism (measured here, Open MPI 4.1.4, mpi4py 4.1.1, TensorFlow 2.18, Horovod
+0.28.1; 2 ranks on a 2-core machine another job was loading: figures are medians of a few
+hundred requests of 1,000 rows x 64 float32 from a 4,096-row partition)
+-------------------------------------------------------------------------------------------
+Inside a rank that ran ``hvd.init()``, ``MPI.Query_thread()`` is ``MPI_THREAD_MULTIPLE``
+(Horovod asks for it), so a second thread may call MPI.
+
+* **MPI one-sided windows** (passive target: ``Win.Lock`` / ``Get`` / ``Accumulate``).
+  Ranks sharing memory (``btl self,vader``): Get 1.0-1.1 ms, Accumulate(SUM) 2.0-10 ms, and
+  no stall while the target computes in TensorFlow (single-copy transfers need no target).
+  Across machines (``btl tcp,self``, what the emulated network and Ethernet clusters use):
+  at ``MPI_THREAD_MULTIPLE`` Open MPI 4.1.4 cannot create a window at all (``osc pt2pt``:
+  "does not support MPI_THREAD_MULTIPLE in this release"; ``osc rdma``: no RDMA-capable
+  transport), and Open MPI is built without an asynchronous progress thread ("OMPI
+  progress: no"). Without Horovod, at ``MPI_THREAD_SERIALIZED``, ``osc pt2pt`` works, but a
+  ``Get`` stalled 2998 ms while the target slept in Python for 3 s and 3021 ms while it ran
+  TensorFlow matmuls for 3 s (0.07 ms while the target sat in ``MPI_Barrier``): a target
+  busy computing answers only when it next enters MPI. And Accumulate can only add: no
+  Adam on the owner. Rejected.
+* **A serving thread per rank on its own communicator** (this module; ``mpi4py.util.pkl5``
+  messages, the thread polls with ``improbe`` and sleeps 50 us doubling to 1 ms while idle).
+  This module, ``benchmarks/bench_async_ps.py`` (one invocation each; pull, then push until
+  applied and acknowledged): shared memory, owner idle: pull 0.60 ms, push 0.60 ms (p90 1.4
+  / 1.8 ms); owner's main thread running TensorFlow matmuls: 1.13 / 1.18 ms (p90 3.4 ms).
+  TCP: 1.13 / 1.35 ms idle, 1.52 / 1.87 ms busy. No stall: the serving thread is always in
+  MPI, and TensorFlow releases the GIL while it computes. Idle cost, CPU seconds per second
+  of one rank (probe): Horovod alone 0.21-0.22, with the polling thread 0.34-0.47, with a
+  thread blocked in ``MPI_Recv`` instead 0.59-0.61 (Open MPI's blocking receive spins); the
+  blocking thread also answered pulls in 20 ms (median) while its rank computed, against
+  1.8 ms polling. Chosen: the polling thread.
+* **TensorFlow's ParameterServerStrategy**: not measured; two eager workers connecting to
+  one PS task hung here (DESIGN.md section 3), and it would be a second runtime beside MPI.
+
+The owner's update is a callable ``update(partition_array, local_rows, grads)`` (:class:`SGD`
+here), called under the rank's lock by whichever thread applies the push; a Keras optimizer
+per partition fits the same place.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError, DistributedError, PlanError, SetupError
+from .partitioning import RowPartitioning
+
+#: the serving thread and a waiting worker poll MPI and sleep between polls, from
+#: MIN_PAUSE_S doubling to MAX_PAUSE_S while nothing comes (measured: an idle serving thread
+#: costs 0.1-0.25 of a core)
+MIN_PAUSE_S = 50e-6
+MAX_PAUSE_S = 1e-3
+DEFAULT_TIMEOUT_S = 60.0
+
+# message tags: worker -> server on the request communicator, server -> worker on the reply one
+PULL, PUSH, CLOCK, DONE, SNAPSHOT = 1, 2, 3, 4, 5
+ROWS, ACK, SNAPSHOT_TAKEN = 11, 12, 13
+
+
+class SGD:
+    """Plain SGD on an owner's partition: ``w[rows] -= lr * grads`` in the partition's dtype
+    (the same float operations as Keras' SGD without momentum: ``w + (-(lr * g))``)."""
+
+    def __init__(self, learning_rate: float):
+        self.learning_rate = float(learning_rate)
+
+    def __call__(self, part: np.ndarray, rows: np.ndarray, grads: np.ndarray) -> None:
+        part[rows] -= part.dtype.type(self.learning_rate) * grads
+
+
+@dataclass
+class ServedTable:
+    """One PS variable as this rank serves it: how it is partitioned, one row's shape and dtype,
+    and the partitions this rank owns (``parts[p]``: rows ``p, p + P, ...`` of the variable, as
+    :meth:`RowPartitioning.split`; none on a rank that owns nothing when P < N)."""
+
+    name: str
+    partitioning: RowPartitioning
+    row_shape: tuple[int, ...]
+    dtype: np.dtype
+    parts: dict[int, np.ndarray]
+
+    @classmethod
+    def from_array(cls, name: str, array: np.ndarray, partitions: int, ranks: int, rank: int) -> "ServedTable":
+        """The partitions ``rank`` owns of a whole ``array`` split into ``partitions``."""
+        array = np.asarray(array)
+        part = RowPartitioning(len(array), partitions, ranks)
+        return cls(name, part, tuple(array.shape[1:]), array.dtype,
+                   {p: part.split(array, p).copy() for p in part.owned_by(rank)})
+
+    @classmethod
+    def from_shard(cls, shard) -> "ServedTable":
+        """The partitions a :class:`~.sharded.ShardedVariable` holds on this rank (copied: the
+        served arrays are the parameters from then on; the shard's variables are not updated)."""
+        return cls(shard.name, shard.partitioning, shard.row_shape, np.dtype(shard.dtype.as_numpy_dtype),
+                   {p: np.array(v) for p, v in shard.values().items()})
+
+
+def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One entry per distinct id, its gradients summed in the order they came (ids ascending)."""
+    unique, inverse = np.unique(ids, return_inverse=True)
+    if len(unique) == len(ids):
+        order = np.argsort(ids, kind="stable")
+        return ids[order], grads[order]
+    order = np.argsort(inverse, kind="stable")
+    starts = np.searchsorted(inverse[order], np.arange(len(unique)))
+    return unique, np.add.reduceat(grads[order], starts, axis=0)
+
+
+def mpi():
+    """mpi4py's MPI, initialised the way the runtime expects: Horovod first, so that Horovod's
+    shutdown finalises MPI at the rank's end. (Importing ``mpi4py.MPI`` first initialises MPI
+    from mpi4py; Horovod then leaves finalising to mpi4py's exit hook, which a rank leaving
+    with ``os._exit`` never runs, and mpirun reports the rank as "exiting improperly".)
+    Refused when a second thread may not call MPI."""
+    from .context import horovod
+
+    horovod()
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise SetupError(f"MPI runs at thread level {MPI.Query_thread()}, asynchronous PS needs "
+                         f"MPI_THREAD_MULTIPLE ({MPI.THREAD_MULTIPLE}) for its serving thread",
+                         hint="start MPI through Horovod (hvd.init) or with mpi4py.rc.thread_level = 'multiple'")
+    return MPI
+
+
+class AsyncPS:
+    """Asynchronous PS of one rank: the serving thread of its partitions and the worker's calls.
+
+    Collective to create (every rank of ``comm``, default the world, in the same order): it
+    duplicates ``comm`` twice and starts the serving thread. Use as a context manager or call
+    :meth:`close`. ``tables``: the variables served, each partitioned over ``comm``'s ranks;
+    ``update``: the owner's optimizer step on one partition (:class:`SGD`).
+    ``steps_ahead[t]``: how many steps this worker was ahead of the slowest when it started
+    step ``t`` (after any SSP wait): the measured staleness.
+    """
+
+    def __init__(self, tables: list[ServedTable], update, max_staleness: int | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, comm=None):
+        if max_staleness is not None and (isinstance(max_staleness, bool) or not isinstance(max_staleness, int)
+                                          or max_staleness < 0):
+            raise ConfigError(f"max_staleness must be None or a whole number >= 0, got {max_staleness!r}",
+                              hint="pass max_staleness=None for fully asynchronous training, 0 for lock-step")
+        if not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
+        MPI = self._MPI = mpi()
+        from mpi4py.util import pkl5
+
+        comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
+        self.tables = {t.name: t for t in tables}
+        for t in tables:
+            self._check_table(t)
+        self.update = update
+        self.max_staleness = max_staleness
+        self.timeout_s = float(timeout_s)
+        self._requests = pkl5.Intracomm(comm.Dup())   # workers -> serving threads
+        self._replies = pkl5.Intracomm(comm.Dup())    # serving threads -> workers
+        self.step = 0
+        self.steps_ahead: list[int] = []
+        self._turn_taken = -1
+        self._unacked = [0] * self.ranks
+        self._sends: list = []
+        # what both threads of this rank share, under one lock: the partitions, every worker's
+        # clock, who is done, the snapshots asked for and taken
+        self._state = threading.Condition()
+        self._clocks = [0] * self.ranks
+        self._done: set[int] = set()
+        self._snapshot_asks: dict[int, set[int]] = {}
+        self._snapshots: dict[int, dict[str, dict[int, np.ndarray]]] = {}
+        self._server_error: BaseException | None = None
+        self._heard = time.monotonic()   # when another rank last sent something
+        self._stop = threading.Event()
+        self._closed = False
+        self._failed: DistributedError | None = None   # a wait that timed out: only close() is left
+        self._thread = threading.Thread(target=self._serve, name=f"px-async-ps-server-{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _check_table(self, table: ServedTable) -> None:
+        part = table.partitioning
+        if part.ranks != self.ranks:
+            raise PlanError(f"variable {table.name!r} is partitioned over {part.ranks} ranks, "
+                            f"this job has {self.ranks}", hint="partition it with ranks = the job's size")
+        if sorted(table.parts) != part.owned_by(self.rank):
+            raise PlanError(f"rank {self.rank} was given partitions {sorted(table.parts)} of {table.name!r}, "
+                            f"it owns {part.owned_by(self.rank)}")
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], partitions: int, update, **kwargs) -> "AsyncPS":
+        """Serve whole initial arrays (the same on every rank), each split into ``partitions``;
+        this rank keeps only the partitions it owns."""
+        comm = kwargs.get("comm") or mpi().COMM_WORLD
+        tables = [ServedTable.from_array(name, array, partitions, comm.Get_size(), comm.Get_rank())
+                  for name, array in arrays.items()]
+        return cls(tables, update, **kwargs)
+
+    # ----- worker side -------------------------------------------------------------------
+
+    def pull(self, name: str, ids) -> np.ndarray:
+        """Rows ``ids`` (any shape of int ids, duplicates allowed) of variable ``name`` as their
+        owners hold them now: shape ``ids.shape + row_shape``. Waits first for its SSP turn."""
+        self._check_usable()
+        table = self._table(name)
+        ids = np.asarray(ids, dtype=np.int64)
+        self.wait_turn()
+        unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+        owners = self._owners(table, unique)
+        remote = [o for o in range(self.ranks) if o != self.rank and np.any(owners == o)]
+        for owner in remote:
+            self._send((name, unique[owners == owner]), owner, PULL)
+        rows = np.empty((len(unique),) + table.row_shape, table.dtype)
+        mine = owners == self.rank
+        if np.any(mine):
+            with self._state:
+                rows[mine] = self._rows(name, unique[mine])
+        for owner in remote:
+            rows[owners == owner] = self._receive(owner, ROWS, f"the pull of {name!r}")
+        return rows[inverse].reshape(ids.shape + table.row_shape)
+
+    def push(self, name: str, ids, grads) -> None:
+        """Send the gradients ``grads`` of rows ``ids`` (``grads.shape = ids.shape + row_shape``)
+        to their owners (applied at once when this rank owns them); returns without waiting.
+        Duplicate ids are summed here, before sending."""
+        self._check_usable()
+        table = self._table(name)
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        grads = np.asarray(grads, dtype=table.dtype).reshape((len(ids),) + table.row_shape)
+        ids, grads = sum_duplicates(ids, grads)
+        owners = self._owners(table, ids)
+        for owner in range(self.ranks):
+            mine = owners == owner
+            if not np.any(mine):
+                continue
+            if owner == self.rank:
+                with self._state:
+                    self._apply(name, ids[mine], grads[mine])
+            else:
+                self._send((name, ids[mine], grads[mine]), owner, PUSH)
+                self._unacked[owner] += 1
+
+    def end_step(self) -> None:
+        """This worker finished a step: wait until its pushes are applied, then tell every rank."""
+        self._check_usable()
+        self._await_acks()
+        self.step += 1
+        with self._state:
+            self._clocks[self.rank] = self.step
+        for rank in self._others():
+            self._send(self.step, rank, CLOCK)
+
+    def wait_turn(self) -> None:
+        """Wait while this worker is more than ``max_staleness`` steps ahead of the slowest
+        (once per step; :meth:`pull` calls it)."""
+        if self._turn_taken == self.step:
+            return
+        k, t = self.max_staleness, self.step
+        deadline, seen = time.monotonic() + self.timeout_s, None
+        with self._state:
+            while True:
+                self._raise_server_error()
+                slowest = min([self._clocks[r] for r in self._others()] + [t])
+                if k is None or t - slowest <= k:
+                    break
+                if slowest != seen:   # the slowest moved on: a new deadline for the next step
+                    deadline, seen = time.monotonic() + self.timeout_s, slowest
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    behind = [r for r in self._others() if t - self._clocks[r] > k]
+                    raise self._give_up(
+                        f"rank {self.rank} waited {self.timeout_s:g} s to start step {t} (max_staleness={k}) for "
+                        f"rank(s) {behind}, still at step(s) {[self._clocks[r] for r in behind]}",
+                        hint="a rank that stopped or died; raise timeout_s if it is only slow")
+                self._state.wait(min(left, 0.1))
+        self.steps_ahead.append(int(t - slowest))
+        self._turn_taken = t
+
+    def snapshot(self) -> dict[str, dict[int, np.ndarray]]:
+        """This rank's partitions holding exactly the pushes of every worker's steps before
+        ``self.step`` (module docstring). Collective: every worker calls it after the same
+        number of steps."""
+        self._check_usable()
+        self._await_acks()
+        at = self.step
+        for rank in self._others():
+            self._send(at, rank, SNAPSHOT)
+        self._reply_all(self._snapshot_asked(self.rank, at))
+        for rank in self._others():
+            self._receive(rank, SNAPSHOT_TAKEN, f"the snapshot at step {at}")
+        with self._state:   # this rank's own copy: taken when the last worker asked it
+            if not self._state.wait_for(lambda: at in self._snapshots or self._server_error, self.timeout_s):
+                missing = sorted(set(range(self.ranks)) - self._snapshot_asks.get(at, set()))
+                raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for rank(s) {missing} to "
+                                    f"reach the snapshot at step {at}", hint="a rank that stopped or died")
+            self._raise_server_error()
+            return self._snapshots.pop(at)
+
+    def close(self) -> dict[str, dict[int, np.ndarray]]:
+        """Say done, serve the others until all are done, stop; return this rank's final
+        partitions (every push of every worker applied). Raises naming the ranks that sent
+        nothing for ``timeout_s`` and never said done; the serving thread is stopped either way."""
+        if self._closed:
+            return self._final()
+        self._closed = True
+        try:
+            self._await_acks()
+            for rank in self._others():
+                self._send(None, rank, DONE)
+            self._finished(self.rank)
+            self._heard = time.monotonic()
+            while self._thread.is_alive():   # serving the others until they are done too
+                self._thread.join(0.05)
+                if self._thread.is_alive() and time.monotonic() - self._heard > self.timeout_s:
+                    with self._state:
+                        missing = sorted(set(range(self.ranks)) - self._done)
+                    raise DistributedError(f"rank {self.rank} finished; rank(s) {missing} sent nothing for "
+                                           f"{self.timeout_s:g} s and never finished", hint="a rank that stopped or died")
+            self._raise_server_error()
+            self._wait_sends()
+            self._barrier("every rank's end")
+        finally:
+            self._stop.set()
+            self._thread.join(1.0)
+            self._requests.Free()
+            self._replies.Free()
+        return self._final()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.close()
+        else:
+            self._stop.set()
+            self._thread.join(1.0)
+
+    def _barrier(self, what: str) -> None:
+        """Wait until every rank reaches this point (polled, raising after ``timeout_s``)."""
+        request = self._requests.Ibarrier()
+        deadline = time.monotonic() + self.timeout_s
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise DistributedError(f"rank {self.rank} waited {self.timeout_s:g} s for {what}",
+                                       hint="a rank that stopped or died")
+            time.sleep(MAX_PAUSE_S)
+
+    def _others(self) -> list[int]:
+        return [r for r in range(self.ranks) if r != self.rank]
+
+    def _final(self) -> dict[str, dict[int, np.ndarray]]:
+        with self._state:
+            return {name: {p: part.copy() for p, part in t.parts.items()} for name, t in self.tables.items()}
+
+    def _table(self, name: str) -> ServedTable:
+        if name not in self.tables:
+            raise ConfigError(f"no variable {name!r} is served asynchronously", hint=f"served: {sorted(self.tables)}")
+        return self.tables[name]
+
+    def _owners(self, table: ServedTable, ids: np.ndarray) -> np.ndarray:
+        part = table.partitioning
+        if len(ids) and (ids.min() < 0 or ids.max() >= part.rows):
+            raise ConfigError(f"row ids of {table.name!r} must be in [0, {part.rows}), got {ids.min()}..{ids.max()}")
+        return (ids % part.partitions) % self.ranks
+
+    def _send(self, payload, rank: int, tag: int) -> None:
+        self._sends.append(self._requests.isend(payload, rank, tag))
+
+    def _reply_all(self, replies: list[tuple[int, int, object]]) -> None:
+        """Replies this thread owes after serving its own worker (a snapshot it completed)."""
+        from mpi4py.util import pkl5
+
+        pkl5.Request.waitall([self._replies.isend(payload, rank, tag) for rank, tag, payload in replies])
+
+    def _wait_sends(self) -> None:
+        from mpi4py.util import pkl5
+
+        pkl5.Request.waitall(self._sends)
+        self._sends = []
+
+    def _await_acks(self) -> None:
+        for owner in self._others():
+            while self._unacked[owner]:
+                self._receive(owner, ACK, "the acknowledgement of a push")
+                self._unacked[owner] -= 1
+        self._wait_sends()
+
+    def _receive(self, source: int, tag: int, what: str):
+        """The next reply ``tag`` from ``source``'s serving thread, polled until ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.0
+        while True:
+            message = self._replies.improbe(source, tag)
+            if message is not None:
+                got = message.recv()
+                if isinstance(got, BaseException):
+                    raise got
+                return got
+            self._raise_server_error()
+            if time.monotonic() > deadline:
+                raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for {what} from rank {source}",
+                                    hint=f"rank {source} stopped serving or died")
+            time.sleep(pause)
+            pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
+
+    def _give_up(self, message: str, hint: str) -> DistributedError:
+        """The error of a wait that timed out; the instance refuses every later call but close():
+        a reply that comes late could otherwise answer a later request."""
+        self._failed = DistributedError(message, hint=hint)
+        return self._failed
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise DistributedError(f"rank {self.rank}'s asynchronous PS gave up earlier ({self._failed.message})",
+                                   hint="close() it: after a timeout a late reply could answer a later request")
+
+    def _raise_server_error(self) -> None:
+        if self._server_error is not None:
+            raise DistributedError(f"rank {self.rank}'s serving thread failed: {self._server_error!r}") \
+                from self._server_error
+
+    # ----- serving thread ----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Serve the other ranks' workers until every worker is done (or told to stop)."""
+        MPI = self._MPI
+        status = MPI.Status()
+        pending: list = []
+        pause = 0.0
+        try:
+            while len(self._done) < self.ranks and not self._stop.is_set():
+                message = self._requests.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                pending = [r for r in pending if not r.test()[0]]
+                if message is None:
+                    time.sleep(pause)
+                    pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
+                    continue
+                pause = 0.0
+                source, tag = status.Get_source(), status.Get_tag()
+                self._heard = time.monotonic()
+                for rank, reply_tag, payload in self._handle(source, tag, message.recv()):
+                    pending.append(self._replies.isend(payload, rank, reply_tag))
+            deadline = time.monotonic() + self.timeout_s
+            while pending and time.monotonic() < deadline and not self._stop.is_set():
+                pending = [r for r in pending if not r.test()[0]]
+                time.sleep(MIN_PAUSE_S)
+        except BaseException as exc:  # noqa: BLE001 - the worker raises it (it waits on this thread)
+            with self._state:
+                self._server_error = exc
+                self._state.notify_all()
+
+    def _handle(self, source: int, tag: int, payload) -> list[tuple[int, int, object]]:
+        """Serve one request from another rank; the replies to send as (rank, tag, payload)."""
+        if tag == PULL:
+            name, ids = payload
+            with self._state:
+                return [(source, ROWS, self._guarded(self._rows, name, ids))]
+        if tag == PUSH:
+            name, ids, grads = payload
+            with self._state:
+                return [(source, ACK, self._guarded(self._apply, name, ids, grads))]
+        if tag == CLOCK:
+            with self._state:
+                self._clocks[source] = max(self._clocks[source], payload)
+                self._state.notify_all()
+        elif tag == DONE:
+            self._finished(source)
+        elif tag == SNAPSHOT:
+            return self._snapshot_asked(source, payload)
+        return []
+
+    def _finished(self, rank: int) -> None:
+        with self._state:
+            self._done.add(rank)
+            self._clocks[rank] = _FINISHED
+            self._state.notify_all()
+
+    def _snapshot_asked(self, rank: int, at: int) -> list[tuple[int, int, object]]:
+        """Worker ``rank`` asks for the snapshot after ``at`` steps; the last of all N to ask
+        takes it (a copy of this rank's partitions) and is owed the other workers' replies."""
+        with self._state:
+            asked = self._snapshot_asks.setdefault(at, set())
+            asked.add(rank)
+            if len(asked) < self.ranks:
+                return []
+            del self._snapshot_asks[at]
+            self._snapshots[at] = {name: {p: part.copy() for p, part in t.parts.items()}
+                                   for name, t in self.tables.items()}
+            self._state.notify_all()
+        return [(r, SNAPSHOT_TAKEN, at) for r in self._others()]
+
+    def _guarded(self, serve, *args):
+        try:
+            return serve(*args)
+        except Exception as exc:  # noqa: BLE001 - sent back to the worker that asked, which raises it
+            return exc
+
+    def _local(self, table: ServedTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        P = table.partitioning.partitions
+        partitions = ids % P
+        if not np.all(np.isin(partitions, list(table.parts))):
+            raise PlanError(f"rank {self.rank} was asked for rows of {table.name!r} it does not own")
+        return partitions, ids // P
+
+    def _rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of this rank's partitions (call under ``_state``)."""
+        table = self.tables[name]
+        partitions, local = self._local(table, ids)
+        rows = np.empty((len(ids),) + table.row_shape, table.dtype)
+        for p, part in table.parts.items():
+            mine = partitions == p
+            rows[mine] = part[local[mine]]
+        return rows
+
+    def _apply(self, name: str, ids: np.ndarray, grads: np.ndarray) -> None:
+        """One push's update of this rank's partitions (call under ``_state``)."""
+        table = self.tables[name]
+        partitions, local = self._local(table, ids)
+        for p, part in table.parts.items():
+            mine = partitions == p
+            if np.any(mine):
+                self.update(part, local[mine], grads[mine])
+        return None
+
+
+#: the clock of a worker that said done: it never holds anyone back again
+_FINISHED = float("inf")
