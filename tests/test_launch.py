@@ -208,3 +208,19 @@ def test_a_killed_launcher_leaves_no_mpirun_or_rank_behind(tmp_path):
     launcher.wait(timeout=10)
     gone, alive = psutil.wait_procs(ranks + mpiruns, timeout=30)
     assert not alive, f"left behind after the launcher was killed: {[p.cmdline() for p in alive]}"
+
+
+def _mpi4py_before_horovod() -> int:
+    from mpi4py import MPI  # MPI_Init by mpi4py: Horovod's shutdown then leaves MPI to it
+
+    from parallax_nb.runtime.context import horovod
+
+    return horovod().rank() + MPI.COMM_WORLD.Get_size()
+
+
+@pytest.mark.mpi
+def test_a_rank_that_started_mpi_through_mpi4py_ends_cleanly():
+    """A function that imports mpi4py.MPI before Horovod starts: the rank still finalises MPI
+    before it exits (mpirun otherwise reports that the rank exited improperly, and the run fails
+    although every rank returned)."""
+    assert run_on_ranks(_mpi4py_before_horovod, 2, timeout_s=120) == [2, 3]
