@@ -6,6 +6,18 @@ cluster by :func:`make_plan` (bytes per machine per step recorded per variable, 
 It round-trips through JSON (schema ``parallax_nb.plan``, version 1) and is validated on load:
 an unknown method, a partition count below 1, a corrupted file or a plan from another model
 raise :class:`~parallax_nb.errors.PlanError` naming the variable and the value.
+
+Synchronous or asynchronous (issue 16): ``Plan.sync`` (default True) and ``max_staleness``.
+An asynchronous plan trains its PS variables without a barrier (each worker pulls rows,
+computes on its own batch, pushes its gradient and moves on; :mod:`parallax_nb.runtime.async_ps`),
+with ``max_staleness = k`` bounding how many steps a worker may run ahead of the slowest
+(None: unbounded, 0: lock-step). Async applies to PS only, as in the original Parallax, and
+to whole plans: a plan with any AllReduce variable is refused for async, because an
+allreduce is a barrier by nature (every rank waits for every other at each step), so a
+HYBRID plan would keep the straggler's pace it is meant to escape; plan it with
+``architecture="ps"`` instead. ``max_staleness`` on a synchronous plan is refused rather
+than ignored: it would read as a setting that took effect. JSON without the two fields (older
+plans) loads as synchronous.
 """
 from __future__ import annotations
 
@@ -133,6 +145,8 @@ class Plan:
     ``plan.names``, ``plan.ps_variables`` and ``plan.ar_variables`` are tuples of names.
     ``overrides`` names the variables whose method the user set by hand (:meth:`with_methods`).
     ``explanations``: why AUTO chose what it chose, one line per decision (empty otherwise).
+    ``sync``: False trains the PS variables asynchronously, with ``max_staleness`` (None or a
+    whole number >= 0) as the stale-synchronous bound (module docstring; :meth:`with_sync`).
     """
 
     model_name: str
@@ -142,6 +156,8 @@ class Plan:
     local_aggregation: bool = True
     overrides: tuple[str, ...] = ()
     explanations: tuple[str, ...] = ()
+    sync: bool = True
+    max_staleness: int | None = None
     _index: dict = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -169,6 +185,34 @@ class Plan:
         object.__setattr__(self, "explanations", tuple(self.explanations))
         object.__setattr__(self, "local_aggregation", bool(self.local_aggregation))
         object.__setattr__(self, "_index", index)
+        self._check_sync()
+
+    def _check_sync(self) -> None:
+        """The sync flag and the staleness bound fit each other and the plan's methods."""
+        if not isinstance(self.sync, bool):
+            raise PlanError(f"plan 'sync' must be true or false, got {self.sync!r}")
+        k = self.max_staleness
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise PlanError(f"max_staleness must be a whole number >= 0 or None, got {k!r}",
+                            hint="0 is lock-step, k lets a worker run k steps ahead of the slowest, "
+                                 "None (the default) leaves it unbounded")
+        if self.sync:
+            if k is not None:
+                raise PlanError(f"max_staleness={k} applies to asynchronous training, and this plan is synchronous",
+                                hint=f"train asynchronously with plan.with_sync(False, max_staleness={k}), "
+                                     "or leave max_staleness unset")
+            return
+        ar = self.ar_variables
+        if not self.ps_variables:
+            raise PlanError(f"asynchronous training needs parameter-server variables, and every variable of "
+                            f"{self.model_name!r} is AllReduce ({len(ar)} variable(s))",
+                            hint="plan with architecture='ps' to train asynchronously, or keep sync=True")
+        if ar:
+            shown = list(ar) if len(ar) <= 4 else [*ar[:4], "..."]
+            raise PlanError(f"asynchronous training applies to PS variables only; {len(ar)} variable(s) of "
+                            f"{self.model_name!r} are AllReduce {shown}: an allreduce is a barrier at every step",
+                            hint="plan with architecture='ps' (every variable on the parameter servers), "
+                                 "or plan.with_methods({name: 'ps'}) for these, or keep sync=True")
 
     # ------------------------------------------------------------------ lookup
     def __getitem__(self, name: str) -> VariablePlan:
@@ -231,6 +275,10 @@ class Plan:
                         hint="is it a plan from another model? Re-plan from this model's profile")
 
     # ------------------------------------------------------------------ changes
+    def with_sync(self, sync: bool, max_staleness: int | None = None) -> "Plan":
+        """A copy trained synchronously (``sync=True``) or asynchronously with ``max_staleness``."""
+        return replace(self, sync=sync, max_staleness=max_staleness)
+
     def with_methods(self, methods: Mapping[str, "Method | str"],
                      partitions: Mapping[str, int] | None = None) -> "Plan":
         """A copy with the user's methods (and optionally partitions) for the named variables.
@@ -267,6 +315,8 @@ class Plan:
             "model_name": self.model_name,
             "architecture": self.architecture.value,
             "local_aggregation": self.local_aggregation,
+            "sync": self.sync,
+            "max_staleness": self.max_staleness,
             "cluster": self.cluster.to_dict() if self.cluster is not None else None,
             "overrides": list(self.overrides),
             "explanations": list(self.explanations),
@@ -310,6 +360,8 @@ class Plan:
             local_aggregation=bool(d.get("local_aggregation", True)),
             overrides=tuple(overrides),
             explanations=tuple(str(line) for line in explanations),
+            sync=d.get("sync", True),
+            max_staleness=d.get("max_staleness"),
         )
         if variable_names is not None:
             plan.validate_for(variable_names)
@@ -346,6 +398,9 @@ class Plan:
             head += f", {format_bytes(total)} per machine per step"
         if self.overrides:
             head += f", methods set by hand: {list(self.overrides)}"
+        if not self.sync:
+            bound = "unbounded" if self.max_staleness is None else f"max_staleness={self.max_staleness}"
+            head += f", asynchronous ({bound})"
         width = max([len(v.name) for v in self.variables] + [8])
         lines = [head, f"  {'variable':<{width}}  {'kind':<6}  {'alpha':>8}  {'PS bytes':>10}  "
                        f"{'AR bytes':>10}  method  partitions"]
@@ -419,11 +474,12 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
 
 def plan_for_kinds(kinds: Mapping[str, "Kind | str"], architecture: "str | Architecture",
                    cluster: ClusterSpec | None = None, partitions: "int | Mapping[str, int] | None" = 1,
-                   model_name: str = "model") -> Plan:
+                   model_name: str = "model", sync: bool = True, max_staleness: int | None = None) -> Plan:
     """A plan from variable kinds alone (no profile, so no bytes and no alpha).
 
     AUTO has no bytes to compare and follows HYBRID's rule (sparse -> PS, dense -> AR).
-    ``partitions`` as in :func:`make_plan` (default 1: every variable whole).
+    ``partitions`` as in :func:`make_plan` (default 1: every variable whole); ``sync`` and
+    ``max_staleness`` as on :class:`Plan`.
     """
     if not isinstance(kinds, Mapping) or not kinds:
         raise PlanError(f"plan_for_kinds needs a non-empty mapping name -> kind, got {kinds!r}")
@@ -436,4 +492,5 @@ def plan_for_kinds(kinds: Mapping[str, "Kind | str"], architecture: "str | Archi
         method = choose_method(kind, architecture)
         planned.append(VariablePlan(name=name, kind=kind, method=method, partitions=resolve(name, method)))
     return Plan(model_name=model_name, architecture=architecture, cluster=cluster, variables=tuple(planned),
-                local_aggregation=cluster.local_aggregation if cluster is not None else True)
+                local_aggregation=cluster.local_aggregation if cluster is not None else True,
+                sync=sync, max_staleness=max_staleness)

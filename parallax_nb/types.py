@@ -44,6 +44,12 @@ class Method(str, enum.Enum):
         return ", ".join(repr(m.value) for m in cls)
 
 
+#: the method tables' key of a PS variable in an asynchronous plan (``Plan.sync`` False): the
+#: same rows and owners as PS, pushed and pulled by each worker on its own, without a barrier
+#: (``parallax_nb.runtime.async_ps``). Not a per-variable choice: a plan is async as a whole.
+ASYNC_PS = "async_ps"
+
+
 class Architecture(str, enum.Enum):
     """A whole-model choice of methods.
 

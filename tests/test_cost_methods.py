@@ -6,12 +6,12 @@ import pytest
 
 from parallax_nb.cost import BASELINES, METHOD_COSTS, TF_PS, estimate, step_time_curve, variable_cost
 from parallax_nb.plan import make_plan
-from parallax_nb.types import BASELINE_KEYS, ClusterSpec, Collective, Kind, Method, MethodCost
+from parallax_nb.types import ASYNC_PS, BASELINE_KEYS, ClusterSpec, Collective, Kind, Method, MethodCost
 from test_cost import BYTE, dense_var, lm_profile, sparse_var
 
 
 def test_the_table_has_one_entry_per_method_and_kind_and_one_per_kind_per_baseline():
-    assert set(METHOD_COSTS) == {(m, k) for m in Method for k in Kind}
+    assert set(METHOD_COSTS) == {(m, k) for m in (*Method, ASYNC_PS) for k in Kind}
     assert set(BASELINES) == set(BASELINE_KEYS)
     assert all(set(by_kind) == set(Kind) for by_kind in BASELINES.values())
 

@@ -3,7 +3,8 @@
 :data:`METHOD_COSTS` maps ``(Method, Kind)`` to a function ``(VariableProfile, ClusterSpec) ->
 MethodCost``: the bytes one machine's link sends plus receives per step, the int64 index bytes
 among them, the sequential message rounds, and the collectives the runtime issues for one
-variable per step. The runtime side keeps one exchange per key in
+variable per step. The keys ``(ASYNC_PS, kind)`` price the PS variables of an asynchronous
+plan (``Plan.sync`` False); they are not a per-variable method a planner chooses. The runtime side keeps one exchange per key in
 ``parallax_nb.runtime.exchanges.EXCHANGES``; a test keeps the two tables' keys equal, so a new
 method (e.g. asynchronous PS) is one entry here, one exchange there, plus their tests.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Mapping
 
-from ..types import (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, ClusterSpec, Collective, Kind, Method, MethodCost,
+from ..types import (ASYNC_PS, PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, ClusterSpec, Collective, Kind, Method, MethodCost,
                      VariableCost, VariableProfile)
 from .model import (INDEX_BYTES, allgather_duplicates_bytes, allgather_index_bytes, allgather_value_bytes,
                     allreduce_bytes, participants, ps_index_bytes, ps_value_bytes, remote_share, rounds)
@@ -135,11 +136,54 @@ def ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
                       _rounds("ps_sparse", n, cluster), collectives)
 
 
-METHOD_COSTS: Mapping[tuple[Method, Kind], CostFunction] = {
+#: sequential messages of one asynchronous step: a pull (request, reply) and a push
+#: (gradients, acknowledgement), each sent to every owner at once
+ASYNC_MESSAGES_PER_STEP = 4
+
+
+def _asynchronous(synchronous: CostFunction, var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+    """``synchronous``'s PS bytes with every worker a participant of its own (an asynchronous
+    worker's pushes and pulls are never combined with its machine's), the row ids sent twice
+    (with the pull and again with the push: a push is not the reverse of an exchange the
+    owner remembers, as the synchronous backward alltoall is), and no collective: point-to-point
+    messages to the owners (:mod:`parallax_nb.runtime.async_ps`), no barrier."""
+    flat = _aggregated(cluster, False)
+    cost = synchronous(var, flat)
+    return MethodCost(cost.bytes_per_step + cost.index_bytes_per_step, 2 * cost.index_bytes_per_step,
+                      0 if cluster.machines == 1 else ASYNC_MESSAGES_PER_STEP, ())
+
+
+def async_ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+    """Asynchronous PS, dense: a worker pulls the whole variable and pushes its whole gradient
+    on its own: ``4 m (W-1)/W`` per worker (push and pull, as worker and as owner), ``W``
+    workers, no local aggregation; row ids ``2 * 2 * 8 R (W-1)/W`` (the runtime sends a dense
+    variable's row ids with its pull and its push). Time: no barrier, each worker's step is its
+    own compute plus its own pull and push (:func:`parallax_nb.cost.asynchronous.examples_per_s`)."""
+    return _asynchronous(_dense_with_ids, var, cluster)
+
+
+def async_ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+    """Asynchronous PS, sparse: a worker pulls its unique rows and pushes their gradients on its
+    own: ``4 a1 m (W-1)/W`` + ids ``2 * 2 * 8 a1 R (W-1)/W`` per worker (ids go with the pull and
+    with the push), no local aggregation, no collective, no barrier."""
+    return _asynchronous(ps_sparse, var, cluster)
+
+
+def _dense_with_ids(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+    """PS dense bytes plus the row ids of one pull (``2 * 8 R (n-1)/n``)."""
+    cost = ps_dense(var, cluster)
+    n, scale, _ = _shape(var, cluster)
+    index = ps_index_bytes(1.0, var.rows, n) * scale
+    return MethodCost(cost.bytes_per_step + index, index, cost.messages_per_step, cost.collectives)
+
+
+METHOD_COSTS: Mapping[tuple["Method | str", Kind], CostFunction] = {
     (Method.AR, Kind.DENSE): ar_dense,
     (Method.AR, Kind.SPARSE): ar_sparse,
     (Method.PS, Kind.DENSE): ps_dense,
     (Method.PS, Kind.SPARSE): ps_sparse,
+    (ASYNC_PS, Kind.DENSE): async_ps_dense,
+    (ASYNC_PS, Kind.SPARSE): async_ps_sparse,
 }
 
 

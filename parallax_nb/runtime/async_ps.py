@@ -202,7 +202,10 @@ class AsyncPS:
     :meth:`close`. ``tables``: the variables served, each partitioned over ``comm``'s ranks;
     ``update``: the owner's optimizer step on one partition (:class:`SGD`).
     ``steps_ahead[t]``: how many steps this worker was ahead of the slowest when it started
-    step ``t`` (after any SSP wait): the measured staleness.
+    step ``t`` (after any SSP wait): the measured staleness. ``traffic[name]``: per peer rank,
+    the payload bytes this rank handed to MPI for it and received from it (``[sent,
+    received]``: ids, rows and gradients of pulls and pushes, as worker and as owner; not the
+    pickle framing), counted as the messages are sent and received.
     """
 
     def __init__(self, tables: list[ServedTable], update, max_staleness: int | None = None,
@@ -221,6 +224,7 @@ class AsyncPS:
         self.tables = {t.name: t for t in tables}
         for t in tables:
             self._check_table(t)
+        self.traffic = {t.name: np.zeros((self.ranks, 2)) for t in tables}
         self.update = update
         self.max_staleness = max_staleness
         self.timeout_s = float(timeout_s)
@@ -277,14 +281,18 @@ class AsyncPS:
         owners = self._owners(table, unique)
         remote = [o for o in range(self.ranks) if o != self.rank and np.any(owners == o)]
         for owner in remote:
-            self._send((name, unique[owners == owner]), owner, PULL)
+            asked = unique[owners == owner]
+            self._send((name, asked), owner, PULL)
+            self._count(name, owner, asked.nbytes, 0)
         rows = np.empty((len(unique),) + table.row_shape, table.dtype)
         mine = owners == self.rank
         if np.any(mine):
             with self._state:
                 rows[mine] = self._rows(name, unique[mine])
         for owner in remote:
-            rows[owners == owner] = self._receive(owner, ROWS, f"the pull of {name!r}")
+            got = self._receive(owner, ROWS, f"the pull of {name!r}")
+            self._count(name, owner, 0, got.nbytes)
+            rows[owners == owner] = got
         return rows[inverse].reshape(ids.shape + table.row_shape)
 
     def push(self, name: str, ids, grads) -> None:
@@ -306,6 +314,7 @@ class AsyncPS:
                     self._apply(name, ids[mine], grads[mine])
             else:
                 self._send((name, ids[mine], grads[mine]), owner, PUSH)
+                self._count(name, owner, ids[mine].nbytes + grads[mine].nbytes, 0)
                 self._unacked[owner] += 1
 
     def end_step(self) -> None:
@@ -472,6 +481,19 @@ class AsyncPS:
             time.sleep(pause)
             pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
 
+    def traffic_now(self) -> dict[str, np.ndarray]:
+        """A copy of :attr:`traffic` as counted so far (both threads count into it)."""
+        with self._state:
+            return {name: counts.copy() for name, counts in self.traffic.items()}
+
+    def _count(self, name: str, peer: int, sent: int, received: int) -> None:
+        """Payload bytes handed to MPI for ``peer`` and received from it (``traffic``)."""
+        counts = self.traffic.get(name)
+        if counts is not None:
+            with self._state:   # both threads count
+                counts[peer, 0] += sent
+                counts[peer, 1] += received
+
     def _give_up(self, message: str, hint: str) -> DistributedError:
         """The error of a wait that timed out; the instance refuses every later call but close():
         a reply that comes late could otherwise answer a later request."""
@@ -523,10 +545,13 @@ class AsyncPS:
         if tag == PULL:
             name, ids = payload
             with self._state:
-                return [(source, ROWS, self._guarded(self._rows, name, ids))]
+                rows = self._guarded(self._rows, name, ids)
+                self._count(name, source, getattr(rows, "nbytes", 0), ids.nbytes)
+                return [(source, ROWS, rows)]
         if tag == PUSH:
             name, ids, grads = payload
             with self._state:
+                self._count(name, source, 0, ids.nbytes + grads.nbytes)
                 return [(source, ACK, self._guarded(self._apply, name, ids, grads))]
         if tag == CLOCK:
             with self._state:

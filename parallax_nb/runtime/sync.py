@@ -9,15 +9,20 @@ lookups), dense otherwise.
 With local aggregation (a :class:`~.hierarchical.Hierarchy`: G ranks per machine, the plan's
 ``local_aggregation`` on) the exchanges combine a machine's gradients first where that saves
 link bytes (see each exchange).
+
+In an asynchronous run (the plan's ``sync`` False) every variable is PS and goes to the
+exchanges of ``(ASYNC_PS, kind)`` (:mod:`.exchanges.async_pull_push`): the step issues no
+collective for them, and the trainer pushes their gradients after it (:meth:`GradientExchange.push`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 
-from ..types import Collective, Kind, Method
+from ..types import ASYNC_PS, Collective, Kind, Method
 from .accounting import ByteLedger
 from .exchanges import EXCHANGES, Wire
 from .hierarchical import Hierarchy
@@ -31,7 +36,8 @@ class VariableSync:
 
     ``variable`` is the model's Keras variable; ``shard`` the owned partitions of a PS
     variable (None for AR). ``routed``: the model reads it through ``embedding_lookup``
-    (only then can PS serve it sparsely).
+    (only then can PS serve it sparsely). ``asynchronous``: a PS variable of an asynchronous
+    run (exchanged under the key ``(ASYNC_PS, kind)``).
     """
 
     name: str
@@ -41,6 +47,13 @@ class VariableSync:
     partitions: int
     shard: ShardedVariable | None = None
     routed: bool = False
+    asynchronous: bool = False
+
+    @property
+    def key(self) -> tuple:
+        """This variable's key in the method tables (an AR variable's kind is its gradient's: see
+        :meth:`GradientExchange.exchange`)."""
+        return (ASYNC_PS if self.asynchronous else self.method), self.kind
 
     @property
     def ps_sparse(self) -> bool:
@@ -72,21 +85,43 @@ class GradientExchange:
     ``exchanges[(method, kind)]``: this rank's exchange of each key of :data:`.EXCHANGES`."""
 
     def __init__(self, syncs: list[VariableSync], ranks: int, rank: int, ledger: ByteLedger,
-                 topology: Topology | None = None, hierarchy: Hierarchy | None = None):
+                 topology: Topology | None = None, hierarchy: Hierarchy | None = None, server=None):
         self.syncs = syncs
-        self.wire = Wire(ranks, rank, ledger, topology or Topology.blocks(ranks, 1, "one machine per rank"), hierarchy)
-        self.exchanges = {key: cls(self.wire, [s for s in syncs if (s.method, s.kind) == key])
+        self.wire = Wire(ranks, rank, ledger, topology or Topology.blocks(ranks, 1, "one machine per rank"), hierarchy,
+                         server)
+        self.exchanges = {key: cls(self.wire, [s for s in syncs if s.key == key])
                           for key, cls in EXCHANGES.items()}
 
     @property
     def router(self):
-        """The lookup router of the PS sparse variables (install it during the forward pass)."""
-        return self.exchanges[(Method.PS, Kind.SPARSE)].router
+        """The lookup router of the PS sparse variables (install it during the forward pass):
+        the asynchronous one when this run's sparse PS variables are asynchronous."""
+        asynchronous = self.exchanges[(ASYNC_PS, Kind.SPARSE)]
+        return asynchronous.router if asynchronous.syncs else self.exchanges[(Method.PS, Kind.SPARSE)].router
 
-    def _key(self, sync: VariableSync, grads: list) -> tuple[Method, Kind]:
+    def _key(self, sync: VariableSync, grads: list) -> tuple:
         if sync.method is Method.AR:
             return Method.AR, (Kind.SPARSE if isinstance(grads[0], tf.IndexedSlices) else Kind.DENSE)
-        return sync.method, sync.kind
+        return sync.key
+
+    def tape_sources(self, sync: VariableSync) -> list:
+        """What the step differentiates for ``sync`` (call after the forward pass)."""
+        return self.exchanges[sync.key].tape_sources(sync) if sync.method is Method.PS else sync.tape_variables
+
+    def before_step(self) -> None:
+        """In Python, before each step (asynchronous PS dense pulls its variables)."""
+        for exchange in self.exchanges.values():
+            exchange.before_step()
+
+    def outgoing(self) -> list[tuple]:
+        """(ids, gradient) tensors the step hands back for pushing, in the order of :meth:`push`."""
+        return [(ids, grad) for e in self.exchanges.values() for _, ids, grad in e.outgoing]
+
+    def push(self, values: list[tuple]) -> None:
+        """Push the step's gradients (:meth:`outgoing`, evaluated) to their owners (asynchronous PS)."""
+        names = [name for e in self.exchanges.values() for name, _, _ in e.outgoing]
+        for name, (ids, grad) in zip(names, values):
+            self.wire.server.push(name, np.asarray(ids), np.asarray(grad))
 
     def exchange(self, grads_by_sync: list[list], carried=None) -> tuple[list[tuple], "tf.Tensor | None"]:
         """(grad, variable) pairs for the optimizer, and ``carried`` averaged over the ranks when

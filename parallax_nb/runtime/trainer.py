@@ -24,6 +24,22 @@ BatchNorm layers normalise over the global batch (:mod:`.batchnorm`) unless the 
 ``sync_batch_norm=False``; then their moving statistics stay per rank and the result reports
 rank 0's. Clipping and weight-decay choices of the user's optimizer act on whole variables
 across their shards (:mod:`.optimizer`).
+
+Asynchronous plans (``plan.sync`` False; every variable PS, :mod:`parallax_nb.plan`): the PS
+partitions are served by this rank's :class:`.async_ps.AsyncPS` (created after step 4, with
+the plan's ``max_staleness``), and a step pulls rows and whole dense variables from their
+owners, computes this rank's gradient and pushes it after the step, with no collective and no
+barrier (:mod:`.exchanges.async_pull_push`). What differs from a synchronous run:
+
+* the loss of a step is this rank's own (there is no global mean without a barrier), as are
+  the health check and a stop request (the rank that was asked stops; the others go on);
+* the owners apply plain SGD (``keras.optimizers.SGD`` without momentum, weight decay or
+  clipping, at a constant learning rate), each push once and without dividing by the
+  number of workers; any other optimizer is refused (:func:`async_learning_rate`);
+* checkpoints are refused for now (``checkpoint_dir`` / ``resume``);
+* synchronised BatchNorm (a collective in the step) is refused: ``sync_batch_norm=False``.
+At the end the owners' final partitions (every push applied) are written back into the
+model's variables, so :meth:`Trainer.weights` gathers them as in a synchronous run.
 """
 from __future__ import annotations
 
@@ -37,7 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, progress
-from ..errors import JobError, ParallaxError, PlanError
+from ..errors import ConfigError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
@@ -72,6 +88,7 @@ class Trainer:
         self.hvd = hvd = horovod()
         self.info = rank_info()
         self.job, self.plan = job, plan
+        self.asynchronous = not getattr(plan, "sync", True)
         self.ranks, self.rank = self.info.size, self.info.rank
         self.watchdog = watchdog
         self.topology = self._topology(workers_per_machine)
@@ -79,6 +96,9 @@ class Trainer:
         self.model = job.build_model()
         self.routed = set(route_embedding_layers(self.model))
         self.batch_norm = SyncBatchNorm(self.model) if job.sync_batch_norm and self.ranks > 1 else None
+        if self.asynchronous and self.batch_norm is not None and self.batch_norm.layers:
+            raise JobError("asynchronous training cannot synchronise BatchNorm over the global batch: that is a "
+                           "collective at every step", hint="set sync_batch_norm=False on the Job, or train with sync=True")
         trainable = list(self.model.trainable_variables)
         names = [v.path for v in trainable]
         if len(set(names)) != len(names):
@@ -95,12 +115,15 @@ class Trainer:
         self._broadcast_initial_values()
         self._shard_ps_variables()
         self.optimizer = job.make_optimizer()
+        self.server = self._serve_ps_variables() if self.asynchronous else None
         self.clipping = take_over(self.optimizer, self.syncs, self.ranks)
         self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
         self.ledger = ByteLedger()
         hierarchy = Hierarchy(self.topology, self.rank) if self.local_aggregation else None
         self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger, topology=self.topology,
-                                         hierarchy=hierarchy)
+                                         hierarchy=hierarchy, server=self.server)
+        self._traffic_seen: dict[str, tuple[float, float]] = {}
+        self.steps_ahead: list[int] = []   # asynchronous: steps ahead of the slowest at each step's start
         self.router = guards.CheckedLookups(self.exchange.router)
         self._step_fn = tf.function(self._step, autograph=False)
         self.step = 0
@@ -200,7 +223,16 @@ class Trainer:
             rows = int(variable.shape[0]) if len(variable.shape) else 1
             parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
-                            routed=name in self.routed)
+                            routed=name in self.routed, asynchronous=self.asynchronous and method is Method.PS)
+
+    def _serve_ps_variables(self):
+        """This rank's asynchronous PS over its partitions of every PS variable, with SGD at the
+        user's learning rate (collective: every rank starts its serving thread)."""
+        from .async_ps import SGD, AsyncPS, ServedTable
+
+        learning_rate = async_learning_rate(self.optimizer)
+        tables = [ServedTable.from_shard(s.shard) for s in self.syncs if s.shard is not None]
+        return AsyncPS(tables, SGD(learning_rate), max_staleness=self.plan.max_staleness)
 
     def _broadcast_initial_values(self) -> None:
         hvd = self.hvd
@@ -270,7 +302,11 @@ class Trainer:
         tape_vars = [s.tape_variables for s in self.syncs]
         with ops.route_lookups(self.router):
             with tf.GradientTape() as tape:
+                if self.asynchronous:
+                    self.exchange.router.watch(tape)   # the pulled rows are what the loss is differentiated by
                 loss = self.job.loss_value(self.model, x, y, training=True)
+            if self.asynchronous:
+                tape_vars = [self.exchange.tape_sources(s) for s in self.syncs]
             flat = tape.gradient(loss, [v for vs in tape_vars for v in vs])
         grads, offset = [], 0
         for vs in tape_vars:
@@ -294,12 +330,15 @@ class Trainer:
         done = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs] + [loss] + issued
         with tf.control_dependencies(done):
             self.exchange.pull_dense()
+            if reduced is None and self.asynchronous:
+                reduced = tf.identity(carried)   # this rank's own loss: no barrier to average it at
             if reduced is None:
                 reduced = tf.identity(carried)
                 if self.ranks > 1:  # no dense allreduce carried the loss: its own, after the updates
                     with tf.control_dependencies([_updated(v) for s in self.syncs for v in s.optimizer_variables]):
                         reduced = hvd.allreduce(reduced, op=hvd.Average, name="px_loss", ignore_name_scope=True)
-        return reduced[0], reduced[1:-1], reduced[-1], self.ledger.totals([s.name for s in self.syncs]), issued
+        return (reduced[0], reduced[1:-1], reduced[-1], self.ledger.totals([s.name for s in self.syncs]), issued,
+                self.exchange.outgoing())
 
     def run_step(self, x, y, stop_requested: bool = False) -> StepRecord:
         """One step; a non-finite loss or gradient on any rank raises :class:`NumericError` on
@@ -308,16 +347,37 @@ class Trainer:
         whether any rank was, the same on every rank (it rode the step's loss collective)."""
         start = time.perf_counter()
         with self._user_errors():
-            loss, health, stop, byte_totals, _ = self._step_fn(x, y, tf.constant(float(stop_requested)))
+            if self.asynchronous:
+                self.exchange.before_step()
+            loss, health, stop, byte_totals, _, outgoing = self._step_fn(x, y, tf.constant(float(stop_requested)))
             loss, health, byte_totals = float(loss), health.numpy(), byte_totals.numpy()
-        elapsed = time.perf_counter() - start
         self.stop_agreed = float(stop) > 0
         guards.check_health(health, self.step + 1, self.ranks)
+        if self.asynchronous:
+            self.exchange.push([(ids.numpy(), grad.numpy()) for ids, grad in outgoing])
+            self.server.end_step()
+        elapsed = time.perf_counter() - start
         by_var = {s.name: (float(sent), float(received)) for s, (sent, received) in zip(self.syncs, byte_totals)}
+        by_var.update(self._async_traffic())
         self.step += 1
         return StepRecord(step=self.step, loss=loss, examples_per_s=self.ranks * self.job.batch_size / elapsed,
                           step_time_s=elapsed, bytes_sent=sum(s for s, _ in by_var.values()),
                           bytes_received=sum(r for _, r in by_var.values()), bytes_by_variable=by_var)
+
+    def _async_traffic(self) -> dict[str, tuple[float, float]]:
+        """Per asynchronous variable, the bytes its pulls and pushes (as worker and as owner)
+        exchanged with ranks on other machines since the last call, as :class:`.async_ps.AsyncPS`
+        counted them when handing them to MPI (the serving thread's share arrives when it comes)."""
+        if self.server is None:
+            return {}
+        remote = np.asarray(self.exchange.wire.remote, np.float64)[:, None]
+        out = {}
+        totals = {name: (counts * remote).sum(0) for name, counts in self.server.traffic_now().items()}
+        for name, (sent, received) in totals.items():
+            seen_sent, seen_received = self._traffic_seen.get(name, (0.0, 0.0))
+            out[name] = (float(sent - seen_sent), float(received - seen_received))
+            self._traffic_seen[name] = (float(sent), float(received))
+        return out
 
     @contextlib.contextmanager
     def _user_errors(self):
@@ -383,8 +443,12 @@ class Trainer:
         from . import checkpoint as ckpt
 
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            from ..errors import ConfigError
             raise ConfigError(f"steps must be a whole number >= 0, got {steps!r}")
+        if self.asynchronous and (checkpoint_dir or resume):
+            self._finish_async()
+            raise ConfigError(f"checkpoints of asynchronous training are not written yet (checkpoint_dir="
+                              f"{checkpoint_dir!r}, resume={resume!r})",
+                              hint="train without checkpoint_dir and resume, or synchronously (plan.with_sync(True))")
         if checkpoint_dir and self.rank == 0:
             for stale in ckpt.remove_stale_temporaries(checkpoint_dir):
                 _print(f"parallax_nb: removed {stale}, left by a checkpoint write that did not finish")
@@ -422,6 +486,9 @@ class Trainer:
                 if self.stop_agreed and self.step < steps:
                     stopped = True
                     break
+            if self.asynchronous:
+                self._watch("finishing", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
+                self._finish_async()
             self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
                 saved.append(ckpt.save(self, checkpoint_dir))
@@ -442,6 +509,24 @@ class Trainer:
             rank_mean_bytes=self._rank_mean_bytes(history),
             batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks),
             executed_plan=self.executed)
+
+    def _finish_async(self) -> None:
+        """Close this rank's asynchronous PS (it serves the others until every worker is done)
+        and write the owners' final partitions back: into the shards of PS sparse variables,
+        and, gathered, into the model's full copy of PS dense ones. Collective."""
+        if self.server is None:
+            return
+        server, self.server = self.server, None
+        self.steps_ahead = list(server.steps_ahead)
+        final = server.close()
+        for i, sync in enumerate(self.syncs):
+            if sync.shard is None:
+                continue
+            parts = final[sync.name]
+            for p, variable in zip(sync.shard.owned, sync.shard.parts):
+                variable.assign(parts[p])
+            if sync.ps_dense:
+                sync.variable.assign(self.gather_partitions(sync, parts, f"async_{i}"))
 
     def _step_timeout(self) -> float:
         return self.watchdog.step_timeout_s if self.watchdog is not None else 0.0
@@ -528,6 +613,32 @@ def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, chec
     finally:
         if watchdog is not None:
             watchdog.stop()
+
+
+def async_learning_rate(optimizer) -> float:
+    """The learning rate of ``optimizer`` if the owners of an asynchronous run can apply it as
+    :class:`.async_ps.SGD` does (``w -= lr * g``): ``keras.optimizers.SGD`` without momentum,
+    Nesterov, weight decay, clipping, EMA or gradient accumulation, at a constant learning
+    rate. Anything else raises :class:`JobError` naming what is supported."""
+    import keras
+
+    hint = ("asynchronous training supports keras.optimizers.SGD(learning_rate=<a number>) for now; "
+            "use it, or train synchronously (sync=True) with this optimizer")
+    if type(optimizer) is not keras.optimizers.SGD:
+        raise JobError(f"asynchronous training applies plain SGD on the owners; the optimizer is "
+                       f"{type(optimizer).__name__}", hint=hint)
+    options = {"momentum": optimizer.momentum, "nesterov": optimizer.nesterov,
+               "weight_decay": optimizer.weight_decay, "clipnorm": optimizer.clipnorm,
+               "global_clipnorm": optimizer.global_clipnorm, "clipvalue": optimizer.clipvalue,
+               "use_ema": optimizer.use_ema,
+               "gradient_accumulation_steps": getattr(optimizer, "gradient_accumulation_steps", None)}
+    used = {name: value for name, value in options.items() if value}
+    if used:
+        raise JobError(f"asynchronous training applies plain SGD on the owners; the optimizer sets {used}", hint=hint)
+    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        raise JobError("asynchronous training needs a constant learning rate; the optimizer has the schedule "
+                       f"{type(optimizer._learning_rate).__name__}", hint=hint)
+    return float(np.asarray(optimizer.learning_rate))
 
 
 def _updated(variable) -> tf.Tensor:

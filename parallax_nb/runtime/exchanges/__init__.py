@@ -8,6 +8,8 @@ the ranks inside the train step (DESIGN.md §5, §9). The cost side's table
 | AR, sparse | :class:`SparseAllgather` | 2 allgathers per variable (values, indices) |
 | PS, dense | :class:`DensePS` | 2 alltoalls per variable (push, pull) |
 | PS, sparse | :class:`SparsePS` | 3 alltoalls per lookup (ids, rows, row gradients) |
+| ASYNC_PS, dense | :class:`AsyncDensePS` | none: a pull and a push per variable, point to point |
+| ASYNC_PS, sparse | :class:`AsyncSparsePS` | none: a pull per lookup and a push, point to point |
 
 Every collective carries an explicit name (``px_<what>_<variable>``): Horovod pairs
 collectives across ranks by name, and the graphs of ranks that own different partitions
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+from .async_pull_push import AsyncDensePS, AsyncSparsePS
 from .base import Exchange, Wire
 from .dense_allreduce import DenseAllreduce
 from .dense_ps import DensePS
 from .sparse_allgather import SparseAllgather
 from .sparse_ps import SparsePS
 
-EXCHANGES = MappingProxyType({(c.method, c.kind): c for c in (DenseAllreduce, SparseAllgather, DensePS, SparsePS)})
+EXCHANGES = MappingProxyType({(c.method, c.kind): c for c in (DenseAllreduce, SparseAllgather, DensePS, SparsePS,
+                                                               AsyncDensePS, AsyncSparsePS)})
 
-__all__ = ["EXCHANGES", "Exchange", "Wire", "DenseAllreduce", "SparseAllgather", "DensePS", "SparsePS"]
+__all__ = ["EXCHANGES", "Exchange", "Wire", "DenseAllreduce", "SparseAllgather", "DensePS", "SparsePS",
+           "AsyncDensePS", "AsyncSparsePS"]

@@ -25,13 +25,15 @@ def handed_bytes(tensor) -> tf.Tensor:
 class Wire:
     """One rank's view of the run for its exchanges: ``ranks`` W, ``rank``, the ledger the
     step's bytes go to, the machines (``topology``) and the two-level collectives of local
-    aggregation (``hierarchy``, None when off)."""
+    aggregation (``hierarchy``, None when off); ``server``: this rank's
+    :class:`~..async_ps.AsyncPS` in an asynchronous run (None when synchronous)."""
 
     ranks: int
     rank: int
     ledger: ByteLedger
     topology: Topology
     hierarchy: object = None
+    server: object = None
 
     def __post_init__(self):
         import horovod.tensorflow as hvd
@@ -48,8 +50,12 @@ class Exchange:
     the optimizer applies; ``carried`` is a small vector (the loss and health flags) that may
     ride this exchange's collective, returned averaged (or None when it did not ride).
     ``pull()`` runs after the optimizer update; ``collectives()`` lists what one step issues
-    for ``served``, the variables it exchanged in the last trace.
+    for ``served``, the variables it exchanged in the last trace. ``tape_sources(sync)``: what
+    the step differentiates for ``sync``; ``before_step()`` runs in Python before each step and
+    ``outgoing`` lists the (name, ids, gradient) the trainer pushes after it (asynchronous PS).
     """
+
+    outgoing: list = []
 
     def __init__(self, wire: Wire, syncs: list):
         self.wire = wire
@@ -61,6 +67,12 @@ class Exchange:
 
     def pull(self) -> None:
         """Nothing to pull after the update (only PS dense keeps full copies to refresh)."""
+
+    def tape_sources(self, sync) -> list:
+        return sync.tape_variables
+
+    def before_step(self) -> None:
+        """Nothing to do before the step (asynchronous PS dense pulls its variables here)."""
 
     def collectives(self) -> list[Collective]:
         raise NotImplementedError
