@@ -304,9 +304,13 @@ def test_local_steps_in_process_sets_keep_off_the_link(cluster):
     rates = {use: {k: p[k] / p["seconds"] for k in ("local_packets", "idle_packets")} for use, p in probe.items()}
     print(f"\nmachine 1's link during 200 local steps, then idle as long: {probe}; packets/s {rates}")
     # over all ranks every local step sends packets across the link; in the machine's set none
-    # does, and what is left is Horovod's coordination of all ranks (less while it is busy)
+    # does, and what is left is Horovod's coordination of all ranks (less while it is busy).
+    # The idle rate is read twice, moments apart, and moves with what else the cores do
+    # (2.7k and 7.6k packets/s in one CI run, 8.4k and 8.5k in another): the larger reading is
+    # the coordination's level.
+    idle = max(rates[True]["idle_packets"], rates[False]["idle_packets"])
     assert rates[True]["local_packets"] < 0.5 * rates[False]["local_packets"], rates
-    assert rates[True]["local_packets"] <= rates[True]["idle_packets"] * 1.2 + 20, rates
+    assert rates[True]["local_packets"] <= idle * 1.2 + 20, rates
 
 
 def local_steps_over_all_ranks(on: bool) -> None:
