@@ -1,0 +1,164 @@
+"""Asynchronous against synchronous training with a straggler, side by side (issue 16).
+
+For every setting (loopback with ``--ranks`` ranks; ``--network MxG@bandwidth``, an emulated
+cluster, as root), in one invocation and on the same ranks' launch per configuration: the LM
+(``lm_job(--size)``, plain SGD at ``--learning-rate``, ``--batch-size`` per rank) under
+architecture PS, each rank training ``--steps`` steps
+
+* synchronously (``plan.sync`` True),
+* asynchronously, unbounded (``max_staleness`` None),
+* stale-synchronous with ``max_staleness = --ssp``,
+
+with rank 1 made ``--slowdown`` times slower per step: after each step it sleeps
+``(slowdown - 1)`` times that step's own duration.
+
+Printed per configuration:
+
+* **examples/s**: the sum over ranks of each rank's own rate, ``batch * steps after the
+  warm-up / the seconds those steps took on that rank`` (a worker that finished early and
+  waits for the others at the end is not charged that wait: it could have gone on training);
+* **loss**: the trained model's mean loss on the first ``--eval-batches`` batches of the whole
+  data set (one shard), computed on rank 0 with the gathered weights, single device. Every
+  configuration has seen the same number of examples (ranks x steps x batch); asynchronous
+  workers apply their own gradients at the learning rate (W updates where synchronous
+  training makes one of their mean).
+
+``--invocations N`` repeats the whole grid and prints each figure's median and range.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CONFIGS = ("sync", "async", "ssp")
+
+
+def train_with_straggler(size: str, steps: int, warmup: int, sync: bool, max_staleness, slow_rank: int,
+                         slowdown: float, learning_rate: float, batch_size: int, eval_batches: int) -> dict:
+    """On every rank: train, rank ``slow_rank`` slowed; this rank's rate, rank 0 also the loss."""
+    from parallax_nb.plan import plan_for_kinds
+    from parallax_nb.runtime.context import rank_info
+    from parallax_nb.runtime.reference import variable_kinds
+    from parallax_nb.runtime.trainer import Trainer
+    from parallax_nb.workloads import lm_job
+
+    job = lm_job(size, optimizer="sgd", learning_rate=learning_rate, batch_size=batch_size)
+    info = rank_info()
+    plan = plan_for_kinds(variable_kinds(job), "ps", partitions=info.size, model_name=job.name, sync=sync,
+                          max_staleness=None if sync else max_staleness)
+    trainer = Trainer(job, plan)
+    ends = []
+
+    def on_step(record):
+        if info.rank == slow_rank:
+            time.sleep((slowdown - 1.0) * record.step_time_s)
+        ends.append(time.perf_counter())
+
+    result = trainer.run(steps, on_step=on_step)
+    timed = ends[warmup:]
+    out = {"rank": info.rank, "examples_per_s": batch_size * (len(timed) - 1) / (timed[-1] - timed[0]),
+           "steps_ahead_max": max(trainer.steps_ahead, default=0)}
+    if info.rank == 0:
+        out["loss"] = _loss_on_data(job, result.weights, eval_batches)
+    return out
+
+
+def _loss_on_data(job, weights: dict, batches: int) -> float:
+    """Mean loss of ``job``'s model holding ``weights`` on the first ``batches`` batches of the
+    whole data set (one shard), single device."""
+    model = job.build_model()
+    for variable in model.variables:
+        variable.assign(weights[variable.path])
+    losses = [float(job.loss_value(model, x, y, training=False))
+              for x, y in job.dataset(0, 1).take(batches)]
+    return statistics.mean(losses)
+
+
+def run_setting(setting: str, args) -> dict:
+    """Every configuration of one setting: ``{config: {"examples_per_s", "loss", ...}}``."""
+    from parallax_nb.launch import run_on_ranks
+
+    kwargs = dict(size=args.size, steps=args.steps, warmup=args.warmup, slow_rank=1, slowdown=args.slowdown,
+                  learning_rate=args.learning_rate, batch_size=args.batch_size, eval_batches=args.eval_batches)
+    out = {}
+    for config in CONFIGS:
+        call = dict(kwargs, sync=config == "sync", max_staleness=args.ssp if config == "ssp" else None)
+        if setting.startswith("loop"):
+            per_rank = run_on_ranks(train_with_straggler, int(setting[4:]), kwargs=call, timeout_s=args.timeout)
+        else:
+            from parallax_nb.netem import EmulatedCluster
+
+            with EmulatedCluster.from_spec(setting) as cluster:
+                per_rank = run_on_ranks(train_with_straggler, cluster.ranks, kwargs=call, timeout_s=args.timeout,
+                                        hostfile=cluster.hostfile, mpi_args=cluster.transport_args())
+        out[config] = {"examples_per_s": sum(r["examples_per_s"] for r in per_rank),
+                       "per_rank_examples_per_s": [r["examples_per_s"] for r in per_rank],
+                       "steps_ahead_max": max(r["steps_ahead_max"] for r in per_rank),
+                       "loss": per_rank[0]["loss"]}
+        print(f"  {setting} {config}: {out[config]['examples_per_s']:.1f} examples/s "
+              f"(per rank {[round(x, 1) for x in out[config]['per_rank_examples_per_s']]}), "
+              f"loss {out[config]['loss']:.4f}, most steps ahead {out[config]['steps_ahead_max']}", flush=True)
+    return out
+
+
+def summary(invocations: list[dict], args) -> str:
+    """Median (min-max) over invocations of each configuration's examples/s, its ratio to
+    sync's (taken inside each invocation) and its loss against sync's."""
+    lines = [f"bench_async: LM {args.size}, PS, SGD lr {args.learning_rate}, batch {args.batch_size} per rank, "
+             f"{args.steps} steps per rank (rates after {args.warmup}), rank 1 {args.slowdown:g}x slower; "
+             f"{len(invocations)} invocation(s), median (min-max)"]
+
+    def fmt(values, unit=""):
+        return f"{statistics.median(values):.3g}{unit} ({min(values):.3g}-{max(values):.3g})"
+
+    for setting in invocations[0]:
+        lines.append(f"{setting}")
+        for config in CONFIGS:
+            rates = [inv[setting][config]["examples_per_s"] for inv in invocations]
+            ratio = [inv[setting][config]["examples_per_s"] / inv[setting]["sync"]["examples_per_s"] for inv in invocations]
+            loss = [100 * (inv[setting][config]["loss"] / inv[setting]["sync"]["loss"] - 1) for inv in invocations]
+            label = {"sync": "sync", "async": "async (unbounded)", "ssp": f"SSP k={args.ssp}"}[config]
+            lines.append(f"  {label:<18} {fmt(rates)} examples/s   {fmt(ratio, 'x')} sync's   "
+                         f"loss {fmt(loss, ' %')} vs sync's")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[4], help="loopback rank counts")
+    parser.add_argument("--network", nargs="*", default=[], help="emulated clusters, e.g. 2x2@1Gbit/s (root)")
+    parser.add_argument("--size", default="small", choices=("tiny", "small", "realistic"))
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=0.1)
+    parser.add_argument("--slowdown", type=float, default=2.0)
+    parser.add_argument("--ssp", type=int, default=2)
+    parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--invocations", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--json", help="write every invocation's figures here")
+    args = parser.parse_args(argv)
+    if args.steps <= args.warmup + 1:
+        parser.error(f"--steps ({args.steps}) must exceed --warmup + 1 ({args.warmup + 1})")
+    settings = [f"loop{n}" for n in args.ranks] + list(args.network)
+    invocations = []
+    for i in range(args.invocations):
+        print(f"invocation {i + 1} of {args.invocations}", flush=True)
+        invocations.append({setting: run_setting(setting, args) for setting in settings})
+    text = summary(invocations, args)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "invocations": invocations, "summary": text}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
