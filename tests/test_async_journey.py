@@ -1,0 +1,100 @@
+"""The sync/async flag through the user's journey (issue 16): the executed plan and the run
+record, the command line, the magics, the planner model and view, the report and the run view.
+Unit tests: no MPI here (tests/test_async_trainer.py runs the CLI on 2 ranks)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from parallax_nb.errors import ConfigError, PlanError
+from parallax_nb.executed import ExecutedPlan
+from parallax_nb.plan import make_plan, plan_for_kinds
+from parallax_nb.runtime.executed import executed_plan
+from parallax_nb.runtime.result import StepRecord, TrainResult
+from parallax_nb.runtime.topology import Topology
+from parallax_nb.staleness import DEFINITION, MeasuredStaleness, describe_sync
+from parallax_nb.types import ClusterSpec
+
+from conftest import REPO
+from test_cost import lm_profile
+
+KINDS = {"table": "sparse", "dense/kernel": "dense"}
+TABLE = {"table": {"method": "ps", "kind": "sparse", "partitions": 2},
+         "dense/kernel": {"method": "ps", "kind": "dense", "partitions": 2}}
+
+
+def _async_plan(k=2):
+    return plan_for_kinds(KINDS, "ps", partitions=2, model_name="m", sync=False, max_staleness=k)
+
+
+# ----------------------------------------------------------------------------- executed plan, run record
+
+
+def test_measured_staleness_is_the_mean_and_max_of_each_ranks_steps_ahead():
+    measured = MeasuredStaleness.from_steps_ahead([[0, 1, 2, 1], [0, 0, 0, 0], [0, 2]], max_staleness=2)
+    assert [(r.rank, r.steps, r.mean_steps_ahead, r.max_steps_ahead) for r in measured.ranks] == \
+        [(0, 4, 1.0, 2), (1, 4, 0.0, 0), (2, 2, 1.0, 2)]
+    assert measured.mean_steps_ahead == pytest.approx(6 / 10) and measured.max_steps_ahead == 2
+    assert measured.describe() == ("steps ahead of the slowest: mean 0.60, max 2 "
+                                   "(rank 0: mean 1.00, max 2; rank 1: mean 0.00, max 0; rank 2: mean 1.00, max 2)")
+    d = json.loads(json.dumps(measured.to_dict()))
+    assert d["definition"] == DEFINITION and d["max_staleness"] == 2
+    assert MeasuredStaleness.from_dict(d) == measured
+    with pytest.raises(ConfigError, match="lacks field 'per_rank'"):
+        MeasuredStaleness.from_dict({"max_staleness": 1})
+    with pytest.raises(ConfigError, match=r"steps ahead are >= 0, got \[0, -1\]"):
+        MeasuredStaleness.from_steps_ahead([[0, -1]], None)
+
+
+def test_executed_plan_records_sync_and_max_staleness_and_round_trips():
+    ran = executed_plan(_async_plan(2), TABLE, Topology.blocks(2, 1), local_aggregation=False)
+    assert (ran.sync, ran.max_staleness) == (False, 2) and ran.changes == ()
+    assert ran.describe_sync() == "asynchronous, max staleness 2"
+    d = json.loads(json.dumps(ran.to_dict()))
+    assert (d["sync"], d["max_staleness"]) == (False, 2)
+    assert ExecutedPlan.from_dict(d) == ran
+    unbounded = executed_plan(_async_plan(None), TABLE, Topology.blocks(2, 1), local_aggregation=False)
+    assert unbounded.describe_sync() == "asynchronous, unbounded staleness"
+    sync = executed_plan(_async_plan().with_sync(True), TABLE, Topology.blocks(2, 1), local_aggregation=False)
+    assert (sync.sync, sync.max_staleness, sync.describe_sync()) == (True, None, "synchronous")
+    older = {k: v for k, v in sync.to_dict().items() if k not in ("sync", "max_staleness")}
+    assert ExecutedPlan.from_dict(older) == sync   # a run.json written before the flag reads as synchronous
+    with pytest.raises(ConfigError, match="'max_staleness' must be null or a whole number >= 0, got -1"):
+        ExecutedPlan.from_dict({**ran.to_dict(), "max_staleness": -1})
+    with pytest.raises(ConfigError, match="'sync' must be true or false, got 'no'"):
+        ExecutedPlan.from_dict({**ran.to_dict(), "sync": "no"})
+
+
+def _result(plan, steps_ahead=None, staleness=None):
+    history = [StepRecord(step=i + 1, loss=1.0, examples_per_s=10.0, step_time_s=0.1, bytes_sent=0.0,
+                          bytes_received=0.0, steps_ahead=None if steps_ahead is None else steps_ahead[i])
+               for i in range(3)]
+    ran = executed_plan(plan, TABLE, Topology.blocks(2, 1), local_aggregation=False)
+    return TrainResult(steps_done=3, history=history, weights={}, stopped_early=False, ranks=2, machines=2,
+                       architecture="ps", variables=TABLE, executed_plan=ran, staleness=staleness)
+
+
+def test_run_summary_and_history_carry_sync_and_the_measured_staleness():
+    measured = MeasuredStaleness.from_steps_ahead([[0, 1, 1], [0, 0, 0]], max_staleness=1)
+    result = _result(_async_plan(1), steps_ahead=[0, 1, 1], staleness=measured)
+    summary = json.loads(json.dumps(result.summary()))
+    assert (summary["sync"], summary["max_staleness"]) == (False, 1)
+    assert summary["executed_plan"]["sync"] is False
+    assert summary["staleness"]["per_rank"][0] == {"rank": 0, "steps": 3, "mean_steps_ahead": pytest.approx(2 / 3),
+                                                   "max_steps_ahead": 1}
+    assert summary["staleness"]["max_steps_ahead"] == 1
+    assert [r.to_row()["steps_ahead"] for r in result.history] == [0, 1, 1]
+    sync = _result(_async_plan().with_sync(True))
+    summary = sync.summary()
+    assert (summary["sync"], summary["max_staleness"], summary["staleness"]) == (True, None, None)
+    assert "steps_ahead" not in sync.history[0].to_row()
+
+
+def test_describe_sync():
+    assert describe_sync(True, None) == "synchronous"
+    assert describe_sync(False, 0) == "asynchronous, max staleness 0"
+    assert describe_sync(False, None) == "asynchronous, unbounded staleness"
