@@ -98,3 +98,79 @@ def test_describe_sync():
     assert describe_sync(True, None) == "synchronous"
     assert describe_sync(False, 0) == "asynchronous, max staleness 0"
     assert describe_sync(False, None) == "asynchronous, unbounded staleness"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "parallax_nb", *map(str, args)], cwd=cwd or REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def profile_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("async_cli") / "profile.json"
+    lm_profile().to_json(str(path))
+    return path
+
+
+def test_cli_plan_async_writes_an_asynchronous_plan(profile_json, tmp_path):
+    from parallax_nb.plan import Plan
+
+    out = tmp_path / "plan.json"
+    result = _cli("plan", profile_json, "--machines", 4, "--arch", "ps", "--async", "--max-staleness", 2, "-o", out)
+    assert result.returncode == 0, result.stderr
+    assert "asynchronous (max_staleness=2)" in result.stdout
+    plan = Plan.from_json(str(out))
+    assert (plan.sync, plan.max_staleness) == (False, 2)
+    result = _cli("plan", profile_json, "--machines", 4, "--arch", "ps", "--async", "-o", out)
+    assert result.returncode == 0 and "asynchronous (unbounded)" in result.stdout
+    assert Plan.from_json(str(out)).max_staleness is None
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--arch", "hybrid", "--async"], "asynchronous training applies to PS variables only; 3 variable(s) of "
+                                      "'lm_like' are AllReduce"),
+    (["--arch", "ar", "--async"], "every variable of 'lm_like' is AllReduce"),
+    (["--arch", "ps", "--async", "--max-staleness", "-1"], "--max-staleness must be a whole number >= 0, got -1"),
+    (["--arch", "ps", "--max-staleness", "2"], "--max-staleness 2 applies to asynchronous training, and --async "
+                                               "was not given"),
+])
+def test_cli_plan_refuses_bad_sync_flags_and_writes_nothing(profile_json, tmp_path, flags, message):
+    out = tmp_path / "plan.json"
+    result = _cli("plan", profile_json, "--machines", 4, *flags, "-o", out)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists() and not result.stdout   # refused before the tables were printed
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--async", "--max-staleness", "-3"], "--max-staleness must be a whole number >= 0, got -3"),
+    (["--max-staleness", "1"], "--max-staleness 1 applies to asynchronous training, and --async was not given"),
+    (["--async", "--checkpoint-every", "2"], "--async does not take --checkpoint-every yet"),
+    (["--async", "--partitions", "auto"], "--async does not take --partitions auto yet"),
+    (["--async", "--arch", "hybrid"], "asynchronous training applies to PS variables only; 1 variable(s) of "
+                                      "'constant_gradient' are AllReduce ['bias/bias']"),
+])
+def test_cli_run_refuses_bad_sync_flags_before_mpirun(tmp_path, flags, message):
+    out = tmp_path / "out"
+    result = _cli("run", "async_trainer_cases:constant_gradient_job", "--np", 2, "--steps", 2, "--output", out, *flags)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert "ranks:" not in result.stderr   # mpirun never started
+    assert not out.exists()
+
+
+def test_cli_run_refuses_async_with_a_plan_file_that_has_allreduce_variables(tmp_path):
+    plan = tmp_path / "hybrid.json"
+    plan_for_kinds({"table/embeddings": "sparse", "bias/bias": "dense"}, "hybrid",
+                   model_name="constant_gradient").to_json(str(plan))
+    out = tmp_path / "out"
+    result = _cli("run", "async_trainer_cases:constant_gradient_job", "--plan", plan, "--steps", 2, "--output", out,
+                  "--async")
+    assert result.returncode == 2
+    assert "are AllReduce ['bias/bias']: an allreduce is a barrier at every step" in result.stderr
+    assert "-> plan with --arch ps (every variable on the parameter servers), or drop --async" in result.stderr
+    assert not out.exists()
