@@ -174,3 +174,125 @@ def test_cli_run_refuses_async_with_a_plan_file_that_has_allreduce_variables(tmp
     assert "are AllReduce ['bias/bias']: an allreduce is a barrier at every step" in result.stderr
     assert "-> plan with --arch ps (every variable on the parameter servers), or drop --async" in result.stderr
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- planner model and view
+
+
+def test_planner_model_holds_sync_and_max_staleness_and_keeps_the_last_valid_plan():
+    from parallax_nb.planner import plan as make_planner
+
+    planner = make_planner(lm_profile(), machines=4, architecture="ps")
+    assert (planner.sync, planner.max_staleness, planner.plan.sync) == (True, None, True)
+    planner.set(sync=False, max_staleness="2")
+    assert planner.error is None and (planner.plan.sync, planner.plan.max_staleness) == (False, 2)
+    planner.max_staleness = ""
+    assert planner.error is None and planner.plan.max_staleness is None and not planner.plan.sync
+    planner.architecture = "hybrid"   # AllReduce variables: the Plan refuses, the last valid plan stays
+    assert isinstance(planner.error, PlanError)
+    assert planner.error.message.startswith("asynchronous training applies to PS variables only; 3 variable(s) of "
+                                            "'lm_like' are AllReduce ['lstm/kernel', 'lstm/bias', "
+                                            "'projection/kernel']")
+    assert planner.plan.architecture.value == "ps" and not planner.plan.sync
+    assert "asynchronous" in planner.summary() and "ERROR in latest inputs" in planner.summary()
+    planner.sync = True
+    assert planner.error is None and planner.plan.sync and planner.plan.architecture.value == "hybrid"
+    planner.set(architecture="ps", sync=False, max_staleness=-1)
+    assert isinstance(planner.error, ConfigError)
+    assert planner.error.message == "max staleness must be a whole number >= 0 or empty (unbounded), got -1"
+    planner.set(sync=True, max_staleness=3)   # a bound on a synchronous plan: the Plan's refusal
+    assert "max_staleness=3 applies to asynchronous training, and this plan is synchronous" in planner.error.message
+    with pytest.raises(PlanError, match="are AllReduce"):   # invalid initial inputs raise (no plan to keep)
+        make_planner(lm_profile(), machines=4, architecture="hybrid", sync=False)
+
+
+def test_planner_view_toggle_and_field_drive_the_model_and_show_its_error():
+    from parallax_nb.planner import plan as make_planner
+    from parallax_nb.widgets.planner_view import PlannerView
+
+    planner = make_planner(lm_profile(), machines=4, architecture="ps")
+    view = PlannerView(planner)
+    assert view.sync.value is True and view.max_staleness.disabled and view.max_staleness.value == ""
+    assert "synchronous" in view.summary.value and "every step ends at a barrier" in view.summary.value
+    view.sync.value = False
+    assert planner.sync is False and not planner.plan.sync and not view.max_staleness.disabled
+    view.max_staleness.value = "1"
+    assert planner.plan.max_staleness == 1
+    assert "asynchronous, max staleness 1" in view.summary.value
+    view.architecture.value = "hybrid"
+    assert view.error.layout.display is None
+    assert "asynchronous training applies to PS variables only" in view.error.value
+    assert "Showing the last valid plan (4 machine(s) x 1 worker(s), 10Gbit/s, architecture ps, asynchronous, " \
+           "max staleness 1)" in view.error.value
+    assert planner.plan.architecture.value == "ps"
+    view.sync.value = True    # back to sync clears the bound: a valid hybrid plan again
+    assert planner.error is None and planner.max_staleness is None and planner.plan.architecture.value == "hybrid"
+    assert view.error.layout.display == "none" and view.max_staleness.disabled
+    planner.set(architecture="ps", sync=False, max_staleness=2)   # code changes show in the controls
+    assert view.sync.value is False and view.max_staleness.value == "2"
+    view.close()
+
+
+# ----------------------------------------------------------------------------- magics
+
+
+@pytest.fixture(scope="module")
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "parallax_nb")
+    ip.user_ns["lm_prof"] = lm_profile()
+    ip.user_ns["hybrid_plan"] = plan_for_kinds({"table/embeddings": "sparse", "bias/bias": "dense"}, "hybrid",
+                                               model_name="constant_gradient")
+    return ip
+
+
+def _usage_error(shell, line: str) -> str:
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("parallax", line)
+    return str(info.value)
+
+
+def test_magic_plan_async(shell):
+    shell.run_line_magic("parallax", "plan lm_prof --machines 4 --arch ps --async --max-staleness 2 -o async_planner")
+    planner = shell.user_ns["async_planner"]
+    assert (planner.plan.sync, planner.plan.max_staleness) == (False, 2)
+    assert shell.user_ns["plan"] is planner.plan
+    shell.run_line_magic("parallax", "plan lm_prof --machines 4 --arch ps --async -o unbounded")
+    assert not shell.user_ns["unbounded"].plan.sync and shell.user_ns["unbounded"].plan.max_staleness is None
+    shell.run_line_magic("parallax", "plan lm_prof --machines 4 --arch ps -o synchronous")
+    assert shell.user_ns["synchronous"].plan.sync
+
+
+@pytest.mark.parametrize("line, message", [
+    ("plan lm_prof --arch hybrid --async -o bad", "asynchronous training applies to PS variables only; 3 variable(s) "
+                                                  "of 'lm_like' are AllReduce"),
+    ("plan lm_prof --arch ps --async --max-staleness -1 -o bad", "--max-staleness must be a whole number >= 0, got -1"),
+    ("plan lm_prof --arch ps --max-staleness 2 -o bad", "--max-staleness 2 applies to asynchronous training, and "
+                                                        "--async was not given"),
+    ("run async_trainer_cases:constant_gradient_job --max-staleness 1 -o bad", "--async was not given"),
+    ("run async_trainer_cases:constant_gradient_job --async --max-staleness -2 -o bad",
+     "--max-staleness must be a whole number >= 0, got -2"),
+    ("run async_trainer_cases:constant_gradient_job --plan hybrid_plan --async -o bad",
+     "are AllReduce ['bias/bias']: an allreduce is a barrier at every step -> plan with --arch ps"),
+])
+def test_magic_refuses_bad_sync_flags_before_anything_starts(shell, line, message):
+    from parallax_nb.cluster import cluster as cluster_module
+
+    error = _usage_error(shell, line)
+    assert message in error
+    assert "bad" not in shell.user_ns
+    assert cluster_module.current_default_cluster() is None   # no engines were started
+
+
+def test_magic_help_lists_the_sync_flags(shell, capsys):
+    from parallax_nb.magics import USAGE
+
+    assert "[--async [--max-staleness K]]" in USAGE
+    for sub in ("plan", "run"):
+        shell.run_line_magic("parallax", f"{sub} --help")
+        out = " ".join(capsys.readouterr().out.split())
+        assert "--async" in out and "--max-staleness K" in out and "0: lock-step; default: unbounded" in out
