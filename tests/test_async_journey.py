@@ -4,6 +4,7 @@ Unit tests: no MPI here (tests/test_async_trainer.py runs the CLI on 2 ranks).""
 from __future__ import annotations
 
 import json
+from html import escape as html_escape
 import os
 import subprocess
 import sys
@@ -296,3 +297,81 @@ def test_magic_help_lists_the_sync_flags(shell, capsys):
         shell.run_line_magic("parallax", f"{sub} --help")
         out = " ".join(capsys.readouterr().out.split())
         assert "--async" in out and "--max-staleness K" in out and "0: lock-step; default: unbounded" in out
+
+
+# ----------------------------------------------------------------------------- report and run view
+
+
+def _async_lm_plan(k=1):
+    return make_plan(lm_profile(), ClusterSpec.create(machines=2), "ps").with_sync(False, k)
+
+
+def _async_run_summary(plan, per_rank=((0, 1, 1, 0), (0, 0, 0, 0))):
+    from test_report import run_summary_for
+
+    summary = run_summary_for(lm_profile(), plan, 2, {}, 0.0)
+    ran = executed_plan(plan, {n: {"method": "ps", "kind": plan[n].kind.value, "partitions": plan.partitions(n)}
+                               for n in plan.names}, Topology.blocks(2, 1), local_aggregation=False)
+    measured = MeasuredStaleness.from_steps_ahead([list(r) for r in per_rank], plan.max_staleness)
+    return dict(summary, executed_plan=ran.to_dict(), sync=False, max_staleness=plan.max_staleness,
+                staleness=measured.to_dict())
+
+
+def test_report_says_async_and_max_staleness_and_the_measured_staleness(tmp_path):
+    import csv
+
+    from parallax_nb.report import Report, report
+    from test_report import Tables
+
+    plan = _async_lm_plan(1)
+    files = report(lm_profile(), plan, _async_run_summary(plan)).save(tmp_path / "r.html")
+    data = json.loads(open(files.json).read())
+    assert (data["plan"]["sync"], data["plan"]["max_staleness"]) == (False, 1)
+    assert data["plan"]["training"] == "asynchronous, max staleness 1"
+    assert data["measured"]["training"] == "asynchronous, max staleness 1"
+    assert data["measured"]["staleness"]["per_rank"][0]["mean_steps_ahead"] == pytest.approx(0.5)
+    assert any("trains asynchronously (asynchronous, max staleness 1): the estimated step times and bytes above "
+               "are of synchronous steps" in a for a in data["assumptions"])
+    html = open(files.html).read()
+    assert "asynchronous, max staleness 1" in html and "<h3>Measured staleness</h3>" in html
+    assert html_escape(DEFINITION) in html
+    assert Tables(html).tables["staleness"] == [["rank", "steps", "mean steps ahead", "max steps ahead"],
+                                                ["0", "4", "0.50", "1"], ["1", "4", "0.00", "0"],
+                                                ["all ranks", "8", "0.25", "1"]]
+    rows = list(csv.DictReader(open(files.csv)))
+    assert {(r["training"], r["max_staleness"], r["training_run"], r["mean_steps_ahead_run"],
+             r["max_steps_ahead_run"]) for r in rows} == {("asynchronous, max staleness 1", "1",
+                                                           "asynchronous, max staleness 1", "0.25", "1")}
+    assert "<h3>Measured staleness</h3>" in Report.from_json(files.json).html()   # redrawn from the JSON alone
+    sync_plan = plan.with_sync(True)
+    sync_data = report(lm_profile(), sync_plan).to_dict()
+    assert sync_data["plan"]["training"] == "synchronous" and sync_data["plan"]["max_staleness"] is None
+    bad = dict(_async_run_summary(plan), max_staleness=-1)
+    with pytest.raises(ConfigError, match="field 'max_staleness' must be null or a whole number >= 0, got -1"):
+        report(lm_profile(), plan, bad)
+
+
+def test_run_view_shows_async_and_the_measured_staleness():
+    from parallax_nb.cluster.handle import Run
+    from parallax_nb.widgets.run_view import RunView
+
+    plan = _async_lm_plan(2)
+    run = Run(plan=plan, steps=4, engines=2, profile=lm_profile())
+    view = RunView(run, redraw_s=0.0)
+    assert "asynchronous, max staleness 2" in view.title.value
+    assert "asynchronous, max staleness 2; no step measured yet" in view.status_text()
+    run.set_status("running")
+    run.add_records([{"step": s, "loss": 1.0, "examples_per_s": 10.0, "step_time_s": 0.1, "bytes_sent": 0.0,
+                      "bytes_received": 0.0, "steps_ahead": a} for s, a in ((1, 0), (2, 2), (3, 1))])
+    assert "asynchronous, max staleness 2; rank 0 steps ahead of the slowest: mean 1.00, max 2" in view.status_text()
+    assert list(run.history["steps_ahead"]) == [0, 2, 1]
+    run.finish(_async_run_summary(plan, per_rank=((0, 2, 1, 1), (0, 0, 0, 0))))
+    view.refresh(force=True)
+    assert ("asynchronous, max staleness 2; steps ahead of the slowest: mean 0.50, max 2 "
+            "(rank 0: mean 1.00, max 2; rank 1: mean 0.00, max 0)") in view.status_text()
+    assert "max staleness 2" in view.status.value
+    synchronous = Run(plan=plan.with_sync(True), steps=4, engines=2)
+    sync_view = RunView(synchronous, redraw_s=0.0)
+    assert "synchronous" not in sync_view.status_text() and "staleness" not in sync_view.title.value
+    assert "steps_ahead" not in synchronous.history.columns
+    view.close(), sync_view.close()
