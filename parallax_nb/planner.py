@@ -412,8 +412,11 @@ class Planner:
     # ----------------------------------------------------------------- display
     def summary(self) -> str:
         r = self._result
+        from .staleness import describe_sync
+
+        training = "" if r.plan.sync else f", {describe_sync(r.plan.sync, r.plan.max_staleness)}"
         lines = [
-            f"Planner for {self.profile.model_name} on {r.cluster} -- architecture {r.architecture.value}",
+            f"Planner for {self.profile.model_name} on {r.cluster} -- architecture {r.architecture.value}{training}",
             f"  estimated communication {self.comm_time_s * 1e3:.2f} ms/step, step {self.step_time_s * 1e3:.2f} ms, "
             f"{format_bytes(self.bytes_per_machine_per_step)} per machine per step",
             f"  speedup vs all-AR {self.speedup_vs_ar:.2f}x, vs all-PS {self.speedup_vs_ps:.2f}x "

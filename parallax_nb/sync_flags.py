@@ -4,7 +4,9 @@ and the ``%parallax plan`` / ``%parallax run`` magics spell it, one set of flags
 The flags are checked before anything starts (:func:`check_sync_flags`) and applied to a plan
 with :func:`apply_sync_flags`, which leaves the checking of the plan itself to
 :class:`~parallax_nb.plan.Plan` (async refused for any AllReduce variable) and only restates
-its hint in the flags' terms (:func:`flag_hint`).
+its hint in the flags' terms (:func:`flag_hint`). The flags decide: ``--async`` without
+``--max-staleness`` is unbounded even for a plan file that had a bound; without ``--async`` a
+plan file's own setting stands.
 """
 from __future__ import annotations
 

@@ -195,7 +195,8 @@ def test_planner_model_holds_sync_and_max_staleness_and_keeps_the_last_valid_pla
                                             "'lm_like' are AllReduce ['lstm/kernel', 'lstm/bias', "
                                             "'projection/kernel']")
     assert planner.plan.architecture.value == "ps" and not planner.plan.sync
-    assert "asynchronous" in planner.summary() and "ERROR in latest inputs" in planner.summary()
+    assert "-- architecture ps, asynchronous, unbounded staleness\n" in planner.summary()
+    assert "ERROR in latest inputs (showing the last valid plan): asynchronous training" in planner.summary()
     planner.sync = True
     assert planner.error is None and planner.plan.sync and planner.plan.architecture.value == "hybrid"
     planner.set(architecture="ps", sync=False, max_staleness=-1)

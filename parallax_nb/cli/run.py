@@ -89,9 +89,9 @@ def _check(args) -> None:
         raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     check_sync_flags(args)
     if args.asynchronous:
-        refused = [flag for flag, given in (("--checkpoint-every", args.checkpoint_every > 0), ("--resume", args.resume),
-                                            ("--resume-if-present", args.resume_if_present),
-                                            ("--partitions auto", args.partitions == "auto")) if given]
+        given = (("--checkpoint-every", args.checkpoint_every > 0), ("--resume", args.resume),
+                 ("--resume-if-present", args.resume_if_present), ("--partitions auto", args.partitions == "auto"))
+        refused = [flag for flag, on in given if on]
         if refused:
             raise ConfigError(f"--async does not take {', '.join(refused)} yet: asynchronous runs write no "
                               "checkpoints and the partition search times synchronous steps",
