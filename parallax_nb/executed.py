@@ -63,7 +63,10 @@ def _show(value: Any) -> str:
 class ExecutedPlan:
     """The plan the ranks ran: per variable (:class:`ExecutedVariable`), the topology
     (``ranks`` on ``machines``, at most ``workers_per_machine`` on one), whether local
-    aggregation ran, and the ``changes`` from the requested plan, each with its reason."""
+    aggregation ran, the ``changes`` from the requested plan, each with its reason, and whether
+    the PS variables trained synchronously (``sync``) or asynchronously with the stale-synchronous
+    bound ``max_staleness`` (None: unbounded). JSON without ``sync`` (older runs) reads as
+    synchronous."""
 
     architecture: str
     ranks: int
@@ -72,6 +75,14 @@ class ExecutedPlan:
     local_aggregation: bool
     variables: tuple[ExecutedVariable, ...]
     changes: tuple[PlanChange, ...] = ()
+    sync: bool = True
+    max_staleness: int | None = None
+
+    def describe_sync(self) -> str:
+        """``"synchronous"`` or ``"asynchronous, max staleness k"`` (``"..., unbounded staleness"``)."""
+        from .staleness import describe_sync
+
+        return describe_sync(self.sync, self.max_staleness)
 
     def __getitem__(self, name: str) -> ExecutedVariable:
         for v in self.variables:
@@ -89,7 +100,8 @@ class ExecutedPlan:
     def to_dict(self) -> dict:
         return {"architecture": self.architecture, "ranks": self.ranks, "machines": self.machines,
                 "workers_per_machine": self.workers_per_machine, "local_aggregation": self.local_aggregation,
-                "variables": [v.to_dict() for v in self.variables], "changes": [c.to_dict() for c in self.changes]}
+                "variables": [v.to_dict() for v in self.variables], "changes": [c.to_dict() for c in self.changes],
+                "sync": self.sync, "max_staleness": self.max_staleness}
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "executed plan") -> "ExecutedPlan":
@@ -102,9 +114,15 @@ class ExecutedPlan:
             changes = tuple(PlanChange(what=str(c["what"]), requested=c["requested"], executed=c["executed"],
                                        reason=str(c["reason"]), variable=c.get("variable"))
                             for c in d.get("changes", ()))
+            sync, k = d.get("sync", True), d.get("max_staleness")
+            if not isinstance(sync, bool):
+                raise ValueError(f"'sync' must be true or false, got {sync!r}")
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+                raise ValueError(f"'max_staleness' must be null or a whole number >= 0, got {k!r}")
             return cls(architecture=str(d["architecture"]), ranks=int(d["ranks"]), machines=int(d["machines"]),
                        workers_per_machine=int(d["workers_per_machine"]),
-                       local_aggregation=bool(d["local_aggregation"]), variables=variables, changes=changes)
+                       local_aggregation=bool(d["local_aggregation"]), variables=variables, changes=changes,
+                       sync=sync, max_staleness=k)
         except KeyError as e:
             raise ConfigError(f"{source} lacks field {e.args[0]!r}",
                               hint="regenerate it with this version of parallax_nb") from None

@@ -13,7 +13,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from .errors import ParallaxError
+from .errors import ParallaxError, PlanError
+from .sync_flags import apply_sync_flags, check_sync_flags, flag_hint
 
 SUBCOMMANDS = ("profile", "plan", "run", "report", "cluster", "calibrate", "help")
 DEFAULT_MACHINES = 2
@@ -26,9 +27,9 @@ USAGE = f"""%parallax SUBCOMMAND [options]: profile, plan, run and report from o
       profile JOB on one device (per-variable kind, size, alpha) -> `profile`
   %parallax plan [PROFILE] [--machines {DEFAULT_MACHINES}] [--workers-per-machine 1]
                  [--bandwidth {DEFAULT_BANDWIDTH}] [--latency {DEFAULT_LATENCY_US:g}] [--arch auto]
-                 [--calibration FILE] [-o NAME]
+                 [--async [--max-staleness K]] [--calibration FILE] [-o NAME]
       plan PROFILE for a cluster (latency in microseconds) -> `planner` and `plan`
-  %parallax run JOB [--engines 2] [--steps 100] [--plan PLAN] [--arch hybrid]
+  %parallax run JOB [--engines 2] [--steps 100] [--plan PLAN] [--arch hybrid] [--async [--max-staleness K]]
                 [--checkpoint-dir DIR] [--checkpoint-every K] [--resume] [--calibration C] [-o NAME]
       train JOB on MPI engines with a live view (Stop button or Ctrl-C stops it) -> `run`
   %parallax report PATH [--profile P] [--plan P] [--run R] [--title T]
@@ -41,6 +42,15 @@ USAGE = f"""%parallax SUBCOMMAND [options]: profile, plan, run and report from o
 %parallax SUBCOMMAND --help lists every option of a subcommand with its default.
 Results go to the notebook variable named in the arrow (-o NAME picks another).
 """
+
+
+def _sync_options(fn):
+    """``--async`` and ``--max-staleness K``, as on the command line (:mod:`parallax_nb.sync_flags`)."""
+    fn = argument("--max-staleness", type=int, default=None, metavar="K",
+                  help="with --async: a worker waits when it is more than K steps ahead of the slowest "
+                       "(0: lock-step; default: unbounded)")(fn)
+    return argument("--async", dest="asynchronous", action="store_true",
+                    help="train the PS variables asynchronously (every variable must be PS: --arch ps)")(fn)
 
 
 def _output_option(default: str):
@@ -75,6 +85,7 @@ def _profile_args(line):
 @argument("--calibration", default=None, metavar="FILE",
           help="a calibration .json of this cluster, or a Calibration in the notebook (default: the documented "
                "defaults; estimates marked uncalibrated)")
+@_sync_options
 @_output_option("planner")
 def _plan_args(line):
     """Plan PROFILE for a cluster; stores the Planner (-o) and its Plan as `plan`."""
@@ -84,7 +95,9 @@ def _plan_args(line):
 @argument("job", metavar="JOB", help="a parallax_nb.Job in the notebook (or module:name)")
 @argument("--plan", default=None, help="a Plan or Planner in the notebook, or a plan .json file "
                                         "(default: planned from the last profile with --arch)")
-@argument("--arch", default=None, help="ar | ps | hybrid | auto: plan the job this way (default: hybrid)")
+@argument("--arch", default=None, help="ar | ps | hybrid | auto: plan the job this way (default: hybrid; ps "
+                                        "with --async)")
+@_sync_options
 @argument("--engines", type=int, default=2, help="MPI engines (ranks) to train on (default: 2)")
 @argument("--steps", type=int, default=100, help="training steps (default: 100)")
 @argument("--resume", action="store_true", help="continue from the last checkpoint in --checkpoint-dir")
@@ -273,11 +286,18 @@ class ParallaxMagics(Magics):
         from .types import parse_bandwidth
 
         parse_bandwidth(args.bandwidth)   # a clear one-line error before the planner starts
+        check_sync_flags(args)
         calibration = self._calibration(args.calibration) if args.calibration else None
-        planner = make_planner(prof, architecture=args.arch, machines=args.machines,
-                               workers_per_machine=args.workers_per_machine, bandwidth=args.bandwidth,
-                               latency_s=args.latency / 1e6, local_aggregation=args.local_aggregation,
-                               calibration=calibration)
+        try:
+            planner = make_planner(prof, architecture=args.arch, machines=args.machines,
+                                   workers_per_machine=args.workers_per_machine, bandwidth=args.bandwidth,
+                                   latency_s=args.latency / 1e6, local_aggregation=args.local_aggregation,
+                                   calibration=calibration, sync=not args.asynchronous,
+                                   max_staleness=args.max_staleness)
+        except PlanError as e:
+            if not args.asynchronous:
+                raise
+            raise flag_hint(e) from None
         self.store(args.output, planner)
         if args.output != "plan":
             self.store("plan", planner.plan)
@@ -294,7 +314,11 @@ class ParallaxMagics(Magics):
         return Calibration.from_json(expression)
 
     def _run_plan(self, args, job):
-        """The plan to run: --plan, else planned for the run's engines from the last profile."""
+        """The plan to run: --plan, else planned for the run's engines from the last profile
+        (with --arch, else hybrid, else ps with --async); asynchronous with --async."""
+        return apply_sync_flags(self._planned_run(args, job), args)
+
+    def _planned_run(self, args, job):
         from .plan import make_plan
         from .types import Architecture, ClusterSpec
 
@@ -304,7 +328,7 @@ class ParallaxMagics(Magics):
                 raise UsageError(f"--plan {args.plan} is a {plan.architecture.value} plan but --arch is {args.arch}; "
                                  "give one of them")
             return plan
-        architecture = Architecture.parse(args.arch or "hybrid")
+        architecture = Architecture.parse(args.arch or ("ps" if args.asynchronous else "hybrid"))
         prof = self.last["profile"]
         if prof is not None and prof.model_name == job.name:
             return make_plan(prof, ClusterSpec(machines=args.engines), architecture)
@@ -322,6 +346,7 @@ class ParallaxMagics(Magics):
             raise UsageError(f"--step-timeout must be > 0 seconds, got {args.step_timeout}")
         if not args.output.isidentifier():
             raise UsageError(f"-o needs a variable name, got {args.output!r}")
+        check_sync_flags(args)
         job = self.job(args.job)
         plan = self._run_plan(args, job)
         prof = self.last["profile"]

@@ -20,6 +20,12 @@ Speedups compare estimated step times: ``speedup_vs_ar = t_step(AR) / t_step(pla
 the plan is faster than allreducing everything), likewise ``speedup_vs_ps``. AUTO is never
 estimated slower than AR, PS or HYBRID (:mod:`parallax_nb.cost.auto`).
 
+Synchronous or asynchronous (issue 16): ``sync`` (True or False) and ``max_staleness`` (None:
+unbounded, or a whole number >= 0; text from a view, ``""`` meaning unbounded) make the plan
+``plan.with_sync(sync, max_staleness)``, so the Plan's own refusals apply: async with any
+AllReduce variable, a bound on a synchronous plan. The estimates stay those of synchronous
+steps (the cost model prices an asynchronous worker's step apart, :mod:`parallax_nb.cost.asynchronous`).
+
 Bad input (0 machines, a bandwidth of ``"fast"``) does not raise from a change: the planner
 keeps the last valid plan and estimates, and records the problem in :attr:`Planner.error`, which
 the view shows. Only the inputs given when the planner is created must be valid (there is no
@@ -38,7 +44,8 @@ Observer = Callable[["Planner"], None]
 
 CLUSTER_FIELDS = ("machines", "workers_per_machine", "bandwidth", "latency_s", "local_aggregation")
 AUTO_LOCAL_AGGREGATION = "auto"   # the local-aggregation input that lets AUTO choose
-SETTABLE = CLUSTER_FIELDS + ("architecture",)
+SYNC_FIELDS = ("sync", "max_staleness")
+SETTABLE = CLUSTER_FIELDS + ("architecture",) + SYNC_FIELDS
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class PlannerInputs:
     ``"10Gbit/s"``, shown back unchanged by a view, or bits per second as a number, exact when it
     comes from a ClusterSpec); ``local_aggregation`` is True, False or ``"auto"`` (AUTO chooses);
     ``partitions`` and ``methods`` are the per-variable overrides (variable name -> partition
-    count / method)."""
+    count / method). ``sync``: True or False; ``max_staleness``: None, a whole number or its text."""
 
     machines: Any = 1
     workers_per_machine: Any = 1
@@ -57,6 +64,8 @@ class PlannerInputs:
     architecture: Any = Architecture.AUTO
     partitions: Mapping[str, Any] = field(default_factory=dict)
     methods: Mapping[str, Any] = field(default_factory=dict)
+    sync: Any = True
+    max_staleness: Any = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,27 @@ def _as_latency_s(value: Any) -> float:
     return float(value)
 
 
+def _as_sync(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"sync must be True (synchronous) or False (asynchronous), got {value!r}")
+
+
+def _as_max_staleness(value: Any) -> int | None:
+    """None (unbounded) from None or blank text; a whole number >= 0 from a number or its text."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "unbounded")):
+        return None
+    hint = "0 is lock-step, k lets a worker run k steps ahead of the slowest; leave it empty for unbounded"
+    try:
+        k = _as_int("max staleness", value)
+    except ConfigError:
+        raise ConfigError(f"max staleness must be a whole number >= 0 or empty (unbounded), got {value!r}",
+                          hint=hint) from None
+    if k < 0:
+        raise ConfigError(f"max staleness must be a whole number >= 0 or empty (unbounded), got {k}", hint=hint)
+    return k
+
+
 def _build(profile: Profile, inputs: PlannerInputs, calibration=None) -> PlannerResult:
     """Compute everything from ``inputs``; raises a ParallaxError naming the first bad input."""
     from .cost import compare_architectures, estimate
@@ -147,6 +177,9 @@ def _build(profile: Profile, inputs: PlannerInputs, calibration=None) -> Planner
                      local_aggregation=local_aggregation, calibration=calibration)
     if methods:   # partitions again: a variable switched to PS keeps the partitions asked for
         plan = plan.with_methods(methods, partitions={n: p for n, p in partitions.items() if n in methods})
+    sync, max_staleness = _as_sync(inputs.sync), _as_max_staleness(inputs.max_staleness)
+    if not sync or max_staleness is not None:
+        plan = plan.with_sync(sync, max_staleness)   # the Plan refuses async with AllReduce variables
     estimates = compare_architectures(profile, plan.cluster, include_horovod=True, calibration=calibration,
                                       local_aggregation=local_aggregation)   # AUTO as the inputs would make it
     return PlannerResult(inputs=inputs, cluster=plan.cluster, architecture=architecture, plan=plan,
@@ -159,9 +192,9 @@ class Planner:
     Inputs (read and write): ``machines``, ``workers_per_machine``, ``bandwidth`` (text with
     units, e.g. ``"100Gbit/s"``), ``latency_s``, ``local_aggregation`` (True, False or
     ``"auto"``: AUTO chooses; the default unless a ClusterSpec says), ``architecture``
-    (``"ar" | "ps" | "hybrid" | "auto"``), plus per-variable overrides through
-    :meth:`set_partitions` and :meth:`set_method`. ``set(**changes)`` applies several at once
-    and recomputes once.
+    (``"ar" | "ps" | "hybrid" | "auto"``), ``sync`` and ``max_staleness`` (module docstring),
+    plus per-variable overrides through :meth:`set_partitions` and :meth:`set_method`.
+    ``set(**changes)`` applies several at once and recomputes once.
 
     Results (read only, always from the last valid inputs): ``plan``, ``estimate`` (of the
     plan), ``estimates`` (per whole-model architecture and baseline), ``table``, ``comm_time_s``,
@@ -177,10 +210,10 @@ class Planner:
         if not isinstance(profile, Profile):
             raise ConfigError(f"plan() needs a parallax_nb Profile, got {type(profile).__name__}",
                               hint="profile first: prof = px.profile(job, steps=20); px.plan(prof, ...)")
-        unknown = set(cluster_kwargs) - set(CLUSTER_FIELDS) - {"partitions", "methods"}
+        unknown = set(cluster_kwargs) - set(CLUSTER_FIELDS) - set(SYNC_FIELDS) - {"partitions", "methods"}
         if unknown:
             raise ConfigError(f"unknown planner option(s) {sorted(unknown)}",
-                              hint=f"choose among {list(CLUSTER_FIELDS)}, partitions, methods")
+                              hint=f"choose among {list(CLUSTER_FIELDS + SYNC_FIELDS)}, partitions, methods")
         base = cluster or ClusterSpec(machines=1)
         if not isinstance(base, ClusterSpec):
             raise ConfigError(f"cluster must be a ClusterSpec, got {type(base).__name__}",
@@ -277,6 +310,8 @@ class Planner:
     local_aggregation = property(lambda self: self._inputs.local_aggregation,
                                  lambda self, v: self.set(local_aggregation=v))
     architecture = property(lambda self: self._inputs.architecture, lambda self, v: self.set(architecture=v))
+    sync = property(lambda self: self._inputs.sync, lambda self, v: self.set(sync=v))
+    max_staleness = property(lambda self: self._inputs.max_staleness, lambda self, v: self.set(max_staleness=v))
 
     @property
     def partitions(self) -> dict:
@@ -377,8 +412,11 @@ class Planner:
     # ----------------------------------------------------------------- display
     def summary(self) -> str:
         r = self._result
+        from .staleness import describe_sync
+
+        training = "" if r.plan.sync else f", {describe_sync(r.plan.sync, r.plan.max_staleness)}"
         lines = [
-            f"Planner for {self.profile.model_name} on {r.cluster} -- architecture {r.architecture.value}",
+            f"Planner for {self.profile.model_name} on {r.cluster} -- architecture {r.architecture.value}{training}",
             f"  estimated communication {self.comm_time_s * 1e3:.2f} ms/step, step {self.step_time_s * 1e3:.2f} ms, "
             f"{format_bytes(self.bytes_per_machine_per_step)} per machine per step",
             f"  speedup vs all-AR {self.speedup_vs_ar:.2f}x, vs all-PS {self.speedup_vs_ps:.2f}x "
@@ -412,5 +450,11 @@ def describe_inputs(inputs: PlannerInputs) -> str:
     bandwidth = inputs.bandwidth
     if isinstance(bandwidth, (int, float)) and not isinstance(bandwidth, bool):
         bandwidth = format_bandwidth(bandwidth)
-    return (f"{inputs.machines} machine(s) x {inputs.workers_per_machine} worker(s), {bandwidth}, "
+    text = (f"{inputs.machines} machine(s) x {inputs.workers_per_machine} worker(s), {bandwidth}, "
             f"architecture {getattr(inputs.architecture, 'value', inputs.architecture)}")
+    if inputs.sync is not True:
+        k = inputs.max_staleness
+        text += ", asynchronous" if k is None or k == "" else f", asynchronous, max staleness {k}"
+    elif inputs.max_staleness not in (None, ""):
+        text += f", synchronous, max staleness {inputs.max_staleness}"
+    return text

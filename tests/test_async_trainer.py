@@ -73,3 +73,39 @@ def test_every_push_is_applied_exactly_once(ranks, partitions):
         for r in per_rank:
             table_bytes = np.sum([step[cases.TABLE] for step in r[i]["bytes"]], axis=0)
             assert table_bytes[0] > 0 and table_bytes[1] > 0, (k, r["rank"], table_bytes)
+
+
+def test_cli_run_async_records_sync_and_the_measured_staleness(tmp_path):
+    """``python -m parallax_nb run --async --max-staleness 1`` on 2 ranks (planned PS by default):
+    run.json says asynchronous with its bound and every rank's measured staleness, which agrees
+    with the per-step figures history.csv gathered from the ranks by another path."""
+    import csv
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    steps = 6
+    result = subprocess.run([sys.executable, "-m", "parallax_nb", "run", "async_trainer_cases:constant_gradient_job",
+                             "--np", "2", "--steps", str(steps), "--output", str(out), "--async", "--max-staleness", "1",
+                             "--timeout", "240"], cwd=REPO / "tests", env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert (run["sync"], run["max_staleness"]) == (False, 1)
+    assert (run["executed_plan"]["sync"], run["executed_plan"]["max_staleness"]) == (False, 1)
+    assert {v["method"] for v in run["variables"].values()} == {"ps"}
+    staleness = run["staleness"]
+    assert [r["rank"] for r in staleness["per_rank"]] == [0, 1] and staleness["max_staleness"] == 1
+    assert all(r["steps"] == steps for r in staleness["per_rank"])
+    assert 0 <= staleness["max_steps_ahead"] <= 1
+    rows = list(csv.DictReader(open(out / "history.csv")))
+    assert len(rows) == 2 * steps and all(r["steps_ahead"] in ("0", "1") for r in rows)
+    for r in staleness["per_rank"]:
+        mine = [int(row["steps_ahead"]) for row in rows if int(row["rank"]) == r["rank"]]
+        assert r["mean_steps_ahead"] == pytest.approx(sum(mine) / len(mine)) and r["max_steps_ahead"] == max(mine)
+    assert "parallax_nb run: asynchronous, max staleness 1; steps ahead of the slowest: mean" in result.stderr
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())

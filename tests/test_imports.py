@@ -28,12 +28,12 @@ ROOM_OF = {
     "devices": "base", "environment": "base", "svg": "base", "failures": "base", "calibration": "base",
     "ops": "job", "job": "job", "job_checks": "job", "workloads": "job",
     "profile": "profile",
-    "cost": "cost", "plan": "cost", "executed": "cost", "planner": "cost",
+    "cost": "cost", "plan": "cost", "executed": "cost", "planner": "cost", "staleness": "cost",
     "runtime": "runtime",
     "launch": "cluster", "calibrate": "cluster", "cluster": "cluster", "netem": "cluster",
     "widgets": "widgets",
     "report": "report",
-    "": "face", "__main__": "face", "cli": "face", "magics": "face",
+    "": "face", "__main__": "face", "cli": "face", "magics": "face", "sync_flags": "face",
 }
 
 # (room, room) pairs that may not import each other although the order allows it
@@ -49,6 +49,7 @@ NO_THIRD_PARTY = {
     "types": ("tensorflow", "keras", "horovod", "ipywidgets"),
     "calibration": ("tensorflow", "keras", "horovod", "ipywidgets", "numpy"),
     "executed": ("tensorflow", "keras", "horovod", "ipywidgets"),
+    "staleness": ("tensorflow", "keras", "horovod", "ipywidgets", "numpy"),
     "planner": ("tensorflow", "keras", "horovod", "ipywidgets"),
 }
 

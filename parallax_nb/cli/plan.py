@@ -1,12 +1,15 @@
 """``python -m parallax_nb plan profile.json --machines N ... [--calibration calibration.json]``:
 plan from a profile, print the per-variable table, AUTO's reasons and the estimated totals per
 architecture and baseline (priced by the calibration, or the defaults: "uncalibrated"), write
-plan.json atomically. A calibration of another cluster shape is refused, naming both shapes."""
+plan.json atomically. A calibration of another cluster shape is refused, naming both shapes.
+``--async [--max-staleness K]`` makes the plan asynchronous (:mod:`parallax_nb.sync_flags`); a plan with
+AllReduce variables is then refused before anything is written."""
 from __future__ import annotations
 
 import argparse
 
 from ..errors import ParallaxError, ProfileError
+from ..sync_flags import add_sync_arguments, apply_sync_flags, check_sync_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="auto", help="auto | hybrid | ps | ar (default auto)")
     parser.add_argument("--partitions", type=int, default=None,
                         help="partitions of every PS variable (default: one per worker)")
+    add_sync_arguments(parser)
     parser.add_argument("-o", "--output", default=None, help="where to write plan.json")
 
 
@@ -52,6 +56,7 @@ def main(args: argparse.Namespace) -> int:
     from ..plan import make_plan
     from ..types import ClusterSpec, Profile
 
+    check_sync_flags(args)
     cluster = ClusterSpec.create(machines=args.machines, workers_per_machine=args.workers_per_machine,
                                  bandwidth=args.bandwidth, latency_s=args.latency_us * 1e-6,
                                  local_aggregation=not args.no_local_aggregation)
@@ -66,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
                            hint="regenerate it with `python -m parallax_nb profile`") from None
     plan = make_plan(profile, cluster, args.arch, partitions=args.partitions,
                      local_aggregation=False if args.no_local_aggregation else None, calibration=calibration)
+    plan = apply_sync_flags(plan, args)
     own = estimate(profile, plan, calibration=calibration)
     print(plan.summary())
     print()

@@ -8,6 +8,12 @@ row per step and rank: loss, examples/s, step time, bytes sent and received by t
 ``run.json`` (the run summary, schema ``parallax_nb.run``), ``plan.json`` (the plan executed)
 and ``checkpoints/``; its summary on stderr ends with the predicted against the measured step
 time (:func:`step_time_summary`).
+
+``--async [--max-staleness K]`` trains asynchronously (:mod:`parallax_nb.sync_flags`): without ``--plan``
+and ``--arch`` it plans every variable PS. The launcher checks the flags and the plan's methods
+(the plan file, or ``--arch`` applied to the job's variable kinds) before mpirun starts;
+run.json then carries ``sync``, ``max_staleness`` and every rank's measured staleness
+(``staleness``, :mod:`parallax_nb.staleness`), history.csv a ``steps_ahead`` column.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import sys
 import tempfile
 
 from ..errors import ConfigError, DistributedError, ParallaxError
+from ..sync_flags import add_sync_arguments, apply_sync_flags, check_sync_flags
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-timeout", type=float, default=None,
                         help="seconds after which a hung step stops the run with an error")
     parser.add_argument("--timeout", type=float, default=None, help="kill the whole run after this many seconds")
+    add_sync_arguments(parser)
 
 
 def _check(args) -> None:
@@ -79,6 +87,15 @@ def _check(args) -> None:
         raise ConfigError(f"--step-timeout must be a positive number of seconds, got {args.step_timeout:g}")
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    check_sync_flags(args)
+    if args.asynchronous:
+        given = (("--checkpoint-every", args.checkpoint_every > 0), ("--resume", args.resume),
+                 ("--resume-if-present", args.resume_if_present), ("--partitions auto", args.partitions == "auto"))
+        refused = [flag for flag, on in given if on]
+        if refused:
+            raise ConfigError(f"--async does not take {', '.join(refused)} yet: asynchronous runs write no "
+                              "checkpoints and the partition search times synchronous steps",
+                              hint="drop " + ", ".join(refused) + ", or train synchronously (without --async)")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise ConfigError(f"--output {args.output!r} is an existing file, not a folder",
                           hint="pass a folder path (it is created if missing)")
@@ -110,6 +127,8 @@ def _launch(args) -> int:
 
     from ..job import load_job
 
+    if args.asynchronous:
+        _check_async_plan(args)   # before the output folder is made: a refused run leaves nothing
     check_writable(args.output)
     load_job(args.job)  # fail here, before mpirun, on a job spec that does not name a Job
     if args.plan:
@@ -124,6 +143,22 @@ def _launch(args) -> int:
             return _run_mpirun(args, errors)
         finally:
             shutil.rmtree(errors, ignore_errors=True)
+
+
+def _check_async_plan(args) -> None:
+    """Refuse ``--async`` for a plan with AllReduce variables: the plan file, or ``--arch``
+    applied to the job's variable kinds (AUTO follows HYBRID here; its costed choice, made on
+    the ranks, is checked there again)."""
+    from ..job import load_job
+    from ..plan import Plan, plan_for_kinds
+
+    job = load_job(args.job)
+    if args.plan:
+        apply_sync_flags(Plan.from_json(args.plan), args)
+        return
+    from ..runtime.reference import variable_kinds
+
+    apply_sync_flags(plan_for_kinds(variable_kinds(job), _architecture(args), model_name=job.name), args)
 
 
 def _peak_memory_per_rank(profile_path: str | None) -> int | None:
@@ -187,7 +222,10 @@ def _argv_of(args) -> list[str]:
                         ("--step-timeout", args.step_timeout), ("--workers-per-machine", args.workers_per_machine)):
         if value is not None:
             out += [flag, str(value)]
-    flags = [("--resume", args.resume), ("--resume-if-present", args.resume_if_present), ("--force", args.force)]
+    if args.max_staleness is not None:
+        out += ["--max-staleness", str(args.max_staleness)]
+    flags = [("--resume", args.resume), ("--resume-if-present", args.resume_if_present), ("--force", args.force),
+             ("--async", args.asynchronous)]
     return out + [flag for flag, on in flags if on]
 
 
@@ -212,7 +250,7 @@ def _plan_on_rank(job, args, info):
         else:
             workers = max(info.local_size, 1) if info.machines > 1 else 1
         cluster = ClusterSpec(machines=max(info.size // workers, 1), workers_per_machine=workers)
-        architecture = args.arch or "hybrid"
+        architecture = _architecture(args)
         try:
             from ..profile import profile_job
 
@@ -227,6 +265,11 @@ def _plan_on_rank(job, args, info):
     if info.size > 1:
         text = hvd.broadcast_object(text, root_rank=0, name="px_cli_plan")
     return Plan.from_json(text), profile
+
+
+def _architecture(args) -> str:
+    """``--arch``, else ``ps`` for ``--async`` (every variable asynchronous), else ``hybrid``."""
+    return args.arch or ("ps" if args.asynchronous else "hybrid")
 
 
 def _profile_file(path: str | None):
@@ -280,6 +323,7 @@ def _rank_main(args) -> int:
 
             progress.listen(progress.terminal_listener(prefix="parallax_nb run:"))
         plan, profile = _plan_on_rank(job, args, info)
+        plan = apply_sync_flags(plan, args)   # on every rank alike: the same plan or the same error
         search = None
         if args.partitions == "auto":
             from ..runtime.partition_search import search_partitions
@@ -306,7 +350,8 @@ def _train_and_write(job, plan, args, info, search, profile=None) -> None:
     from ..runtime.context import horovod
     from ..runtime.trainer import train
 
-    result = train(job, plan, args.steps, checkpoint_dir=os.path.join(args.output, "checkpoints"),
+    checkpoints = os.path.join(args.output, "checkpoints") if plan.sync else None   # async: none written yet
+    result = train(job, plan, args.steps, checkpoint_dir=checkpoints,
                    checkpoint_every=args.checkpoint_every, resume=args.resume or args.resume_if_present,
                    step_timeout_s=args.step_timeout,
                    workers_per_machine=args.workers_per_machine)
@@ -319,6 +364,8 @@ def _train_and_write(job, plan, args, info, search, profile=None) -> None:
     model_file = save_trained_model(result.single_device_model(), args.output, args.job)
     buffer = io.StringIO()
     columns = ["step", "rank", "loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received"]
+    if not plan.sync:
+        columns.append("steps_ahead")
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     for row in sorted(rows, key=lambda r: (r["step"], r["rank"])):
@@ -336,6 +383,9 @@ def _train_and_write(job, plan, args, info, search, profile=None) -> None:
     for change in result.executed_plan.change_lines() if result.executed_plan is not None else ():
         print(f"parallax_nb run: the run changed the plan: {change}", file=sys.stderr, flush=True)
     atomic_write_text(os.path.join(args.output, "run.json"), json.dumps(summary, indent=2))
+    if result.staleness is not None:
+        print(f"parallax_nb run: {result.executed_plan.describe_sync()}; {result.staleness.describe()}",
+              file=sys.stderr, flush=True)
     print(f"parallax_nb run: {step_time_summary(profile, plan, summary)}", file=sys.stderr, flush=True)
     plan.to_json(os.path.join(args.output, "plan.json"))
 

@@ -24,7 +24,8 @@ STARTING, RUNNING, STOPPING, DONE, STOPPED, FAILED = "starting", "running", "sto
 FINISHED = (DONE, STOPPED, FAILED)
 
 #: Columns of :attr:`Run.history`, one row per step of rank 0 (units in the names); ``step``
-#: is the number of steps done after that step (1, 2, ...).
+#: is the number of steps done after that step (1, 2, ...). An asynchronous run adds
+#: ``steps_ahead`` (:mod:`parallax_nb.staleness`).
 HISTORY_COLUMNS = ("step", "loss", "examples_per_s", "step_time_s", "bytes_sent", "bytes_received",
                    "bytes_per_step")
 
@@ -225,8 +226,50 @@ class Run:
         """One row per step of rank 0 (columns :data:`HISTORY_COLUMNS`), a pandas DataFrame."""
         import pandas as pd
 
-        rows = [{c: r.get(c) for c in HISTORY_COLUMNS} for r in self.records]
-        return pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+        columns = list(HISTORY_COLUMNS) + ([] if self.sync else ["steps_ahead"])
+        rows = [{c: r.get(c) for c in columns} for r in self.records]
+        return pd.DataFrame(rows, columns=columns)
+
+    @property
+    def sync(self) -> bool:
+        """Whether the run trains synchronously: as executed once the summary is in, else as planned."""
+        summary = self._summary or {}
+        if "sync" in summary:
+            return bool(summary["sync"])
+        return bool(getattr(self.plan, "sync", True))
+
+    @property
+    def max_staleness(self) -> int | None:
+        summary = self._summary or {}
+        if "sync" in summary:
+            return summary.get("max_staleness")
+        return getattr(self.plan, "max_staleness", None)
+
+    @property
+    def training_text(self) -> str:
+        """``"synchronous"`` or ``"asynchronous, max staleness k"`` (``"..., unbounded staleness"``)."""
+        from ..staleness import describe_sync
+
+        return describe_sync(self.sync, self.max_staleness)
+
+    @property
+    def staleness(self):
+        """The measured staleness of every rank of an asynchronous run
+        (:class:`parallax_nb.staleness.MeasuredStaleness`), from its summary; None for a
+        synchronous run or before the summary (see :attr:`live_staleness`)."""
+        from ..staleness import MeasuredStaleness
+
+        summary = (self._summary or {}).get("staleness")
+        return MeasuredStaleness.from_dict(summary) if summary and not self.sync else None
+
+    @property
+    def live_staleness(self):
+        """Rank 0's measured staleness so far, from its step records (the others' arrive with
+        the summary); None for a synchronous run or before its first step."""
+        from ..staleness import MeasuredStaleness
+
+        ahead = [r["steps_ahead"] for r in self.records if r.get("steps_ahead") is not None]
+        return MeasuredStaleness.from_steps_ahead([ahead], self.max_staleness) if ahead and not self.sync else None
 
     def measured_bytes_by_variable(self) -> dict[str, float]:
         """Mean measured bytes per step of each variable on rank 0 (sent + received)."""

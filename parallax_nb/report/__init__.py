@@ -24,10 +24,12 @@ from .build import SCHEMA, SCHEMA_VERSION, build_report_data, error_pct, load_ru
 __all__ = ["report", "Report", "ReportFiles", "SCHEMA", "SCHEMA_VERSION", "load_run", "error_pct"]
 
 CSV_COLUMNS = ("name", "kind", "shape", "dtype", "size_bytes", "alpha",
-               *(f"{key}_bytes_per_step" for key in RECORDED_COSTS), "method", "partitions")
+               *(f"{key}_bytes_per_step" for key in RECORDED_COSTS), "method", "partitions", "training",
+               "max_staleness")
 CSV_MEASURED_COLUMNS = ("run_method", "predicted_bytes_per_step_run", "measured_bytes_per_step_run",
                         "error_pct_run", "predicted_step_time_s_run", "measured_step_time_s_run",
-                        "step_time_measured_steps_run", "step_time_error_pct_run")
+                        "step_time_measured_steps_run", "step_time_error_pct_run", "training_run",
+                        "mean_steps_ahead_run", "max_steps_ahead_run")
 _SPREADSHEET_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -86,7 +88,10 @@ class Report:
     def to_csv(self) -> str:
         """One row per variable; with a run, the run's per-variable predicted and measured bytes too,
         and on every row the run's predicted and measured step time (``*_step_time_s_run``, the
-        steps measured, and the step time's error in ``step_time_error_pct_run``).
+        steps measured, and the step time's error in ``step_time_error_pct_run``). ``training``
+        and ``max_staleness``: the plan's sync or async on every row; ``training_run`` the run's,
+        and for an asynchronous run its measured staleness over every rank and step
+        (``mean_steps_ahead_run``, ``max_steps_ahead_run``; :mod:`parallax_nb.staleness`).
 
         A name that a spreadsheet would read as a formula (starting with ``= + - @``) is
         prefixed with ``'`` so that opening the CSV cannot run it.
@@ -97,8 +102,16 @@ class Report:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
+        plan = self._data["plan"]
+        run = self._data.get("measured") or {}
+        staleness = run.get("staleness") or {}
         for v in self._data["variables"]:
-            row = dict(v, shape="x".join(str(d) for d in v["shape"]))
+            row = dict(v, shape="x".join(str(d) for d in v["shape"]), training=plan.get("training", "synchronous"),
+                       max_staleness=plan.get("max_staleness"))
+            if run:
+                row.update(training_run=run.get("training", "synchronous"),
+                           mean_steps_ahead_run=staleness.get("mean_steps_ahead"),
+                           max_steps_ahead_run=staleness.get("max_steps_ahead"))
             m = measured.get(v["name"])
             if m:
                 row.update(run_method=m["method"], predicted_bytes_per_step_run=m["predicted_bytes_per_step"],

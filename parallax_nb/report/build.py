@@ -25,6 +25,7 @@ from .. import labels
 from ..errors import ConfigError, PlanError
 from ..executed import ExecutedPlan, ExecutedVariable
 from ..plan import RECORDED_COSTS, Plan
+from ..staleness import MeasuredStaleness, describe_sync
 from ..types import (BASELINE_KEYS, PLAIN_HOROVOD, RUN_SCHEMA, RUN_SCHEMA_VERSION, SPARSE_AS_DENSE, Architecture,
                      ClusterSpec, Kind, Method, Profile)
 
@@ -131,6 +132,15 @@ def validate_run(summary, source: str = "run summary") -> dict:
         clean["batch_norm"] = dict(summary["batch_norm"])
     if "executed_plan" in summary:  # written by runs that record what they executed
         clean["executed_plan"] = ExecutedPlan.from_dict(summary["executed_plan"], f"{source}: executed_plan").to_dict()
+    if "sync" in summary:   # written by runs that know sync from async (issue 16)
+        sync, k = summary["sync"], summary.get("max_staleness")
+        if not isinstance(sync, bool):
+            raise ConfigError(f"{source}: field 'sync' must be true or false, got {sync!r}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ConfigError(f"{source}: field 'max_staleness' must be null or a whole number >= 0, got {k!r}")
+        clean["sync"], clean["max_staleness"] = sync, k
+    if summary.get("staleness") is not None:
+        clean["staleness"] = MeasuredStaleness.from_dict(summary["staleness"], f"{source}: staleness").to_dict()
     variables = summary.get("variables")
     if not isinstance(variables, dict):
         raise ConfigError(f"{source} lacks its 'variables' mapping (name -> bytes per step)")
@@ -208,7 +218,8 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
         "profile": _profile_data(profile),
         "cluster": _cluster_data(cluster),
         "plan": {"architecture": plan.architecture.value, "overrides": list(plan.overrides),
-                 "explanations": list(plan.explanations), **_estimate_data(plan_estimate)},
+                 "explanations": list(plan.explanations), "sync": plan.sync, "max_staleness": plan.max_staleness,
+                 "training": describe_sync(plan.sync, plan.max_staleness), **_estimate_data(plan_estimate)},
         "calibration": plan_estimate.calibration,
         "assumptions": list(cost_assumptions()) + list(REPORT_ASSUMPTIONS),
         "variables": [_variable_data(var, plan[var.name], costs[var.name]) for var in profile.variables],
@@ -219,6 +230,10 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
         "step_time_curve": step_time_curves(profile, cluster),
         "measured": None,
     }
+    if not plan.sync:
+        data["assumptions"].append(f"The plan trains asynchronously ({describe_sync(plan.sync, plan.max_staleness)}): "
+                                   "the estimated step times and bytes above are of synchronous steps; an "
+                                   "asynchronous worker does not wait for the slowest at each step.")
     if run_summary is not None:
         data["measured"] = measured_against_predicted(profile, plan, run_summary, calibration)
         if run_summary.get("batch_norm", {}).get("statistics") == "per rank":
@@ -406,6 +421,8 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
         "basis": basis,
         "run": {k: run[k] for k in (*_RUN_FIELDS, "local_aggregation") if k in run},
         "executed_plan": executed.to_dict(),
+        "training": describe_sync(run.get("sync", executed.sync), run.get("max_staleness", executed.max_staleness)),
+        "staleness": run.get("staleness"),
         "prediction_cluster": _cluster_data(spec),
         "prediction": _estimate_data(est),
         "step_time": step_time.to_dict() if step_time else None,

@@ -13,6 +13,7 @@ import html as _html
 
 from .. import labels
 from ..executed import ExecutedPlan
+from ..staleness import DEFINITION, MeasuredStaleness
 from ..plan import RECORDED_COSTS
 from ..types import Kind, Method, format_bandwidth, format_bytes
 from . import charts
@@ -122,6 +123,7 @@ def _overview(data: dict) -> str:
         _card("cluster", f"{cluster['machines']} x {cluster['workers_per_machine']} workers"),
         _card("bandwidth", format_bandwidth(cluster["bandwidth_bps"])),
         _card("plan", labels.text(plan["architecture"])),
+        _card("training", plan.get("training", "synchronous")),
         _card("est. bytes / machine / step", format_bytes(plan["bytes_per_machine_per_step"])),
         _card("est. step time", fmt_ms(plan["step_time_s"])),
         _card("step times priced", data.get("calibration") or "uncalibrated (defaults)"),
@@ -276,6 +278,22 @@ def _plan_changes(executed: dict | None) -> str:
     return f'<h3>What the run changed from the plan</h3><ul class="plan-changes">{items}</ul>'
 
 
+def _staleness(staleness: dict | None) -> str:
+    """An asynchronous run's measured staleness: per rank, mean and max steps ahead of the slowest."""
+    if not staleness:
+        return ""
+    measured = MeasuredStaleness.from_dict(staleness)
+    head = ("<tr><th>rank</th><th class=num>steps</th><th class=num>mean steps ahead</th>"
+            "<th class=num>max steps ahead</th></tr>")
+    rows = "".join(f"<tr>{_td(r.rank)}{_td(r.steps, 'num')}{_td(f'{r.mean_steps_ahead:.2f}', 'num')}"
+                   f"{_td(r.max_steps_ahead, 'num')}</tr>" for r in measured.ranks)
+    total = (f"<tr>{_td('all ranks')}{_td(sum(r.steps for r in measured.ranks), 'num')}"
+             f"{_td(f'{measured.mean_steps_ahead:.2f}', 'num')}{_td(measured.max_steps_ahead, 'num')}</tr>")
+    return (f'<h3>Measured staleness</h3><p class="staleness-definition muted">{esc(DEFINITION)}.</p>'
+            f'<div class="scroll"><table class="staleness"><thead>{head}</thead><tbody>{rows}{total}</tbody>'
+            f'</table></div>')
+
+
 def _step_time_basis(step_time: dict | None) -> str:
     """How the run's step time was predicted and which steps were measured."""
     if not step_time:
@@ -295,7 +313,7 @@ def _measured(data: dict) -> str:
              ("machines x workers", f"{run['machines']} x {run['workers_per_machine']}"),
              ("steps", run["steps"]), ("batch size per rank", run["batch_size_per_rank"]),
              ("median examples/s", _fmt_count(run["examples_per_s_median"])), ("final loss", "n/a" if run["final_loss"] is None else f"{run['final_loss']:.5g}"),
-             ("median step time", fmt_ms(run["step_time_s_median"]))]
+             ("median step time", fmt_ms(run["step_time_s_median"])), ("training", m.get("training", "synchronous"))]
     facts_html = "".join(_card(k, str(v)) for k, v in facts)
     head = "<tr><th>quantity</th><th class=num>predicted</th><th class=num>measured</th><th class=num>error</th></tr>"
 
@@ -309,7 +327,7 @@ def _measured(data: dict) -> str:
                           v["measured_bytes_per_step"], v["error_pct"], fmt_bytes, "name") for v in m["variables"])
     warnings = "".join(f'<div class="warn">{esc(w)}</div>' for w in m.get("warnings", []))
     return (f"<h2>Predicted against measured</h2>{warnings}<div class=\"cards\">{facts_html}</div>"
-            f"<p>{esc(m['basis'])}</p>{_plan_changes(m.get('executed_plan'))}"
+            f"<p>{esc(m['basis'])}</p>{_plan_changes(m.get('executed_plan'))}{_staleness(m.get('staleness'))}"
             f'<div class="scroll"><table class="measured"><thead>{head}</thead><tbody>{totals}</tbody></table></div>'
             f'{_step_time_basis(m.get("step_time"))}'
             f'<h3>Per variable (bytes sent + received per machine per step)</h3>'

@@ -46,4 +46,5 @@ def executed_plan(plan, table: dict, topology: Topology, local_aggregation: bool
                                   f"machines hold unequal blocks of ranks ({topology.describe()})"))
     return ExecutedPlan(architecture=plan.architecture.value, ranks=topology.ranks, machines=topology.machines,
                         workers_per_machine=topology.workers_per_machine, local_aggregation=bool(local_aggregation),
-                        variables=tuple(variables), changes=tuple(changes))
+                        variables=tuple(variables), changes=tuple(changes),
+                        sync=bool(getattr(plan, "sync", True)), max_staleness=getattr(plan, "max_staleness", None))

@@ -44,13 +44,16 @@ def assign_weights(model, weights: dict) -> None:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One synchronous step as seen by one rank.
+    """One step as seen by one rank.
 
-    ``loss``: mean over all ranks of their mean batch loss (= the global-batch loss).
+    ``loss``: mean over all ranks of their mean batch loss (= the global-batch loss); in an
+    asynchronous run this rank's own mean batch loss.
     ``examples_per_s``: global examples (N * b) / ``step_time_s`` (wall time of this rank's step).
     ``bytes_sent`` / ``bytes_received``: bytes this rank put on / took off the wire in this
     step, summed over variables; ``bytes_by_variable[name] = (sent, received)``
-    (see :mod:`parallax_nb.runtime.accounting`).
+    (see :mod:`parallax_nb.runtime.accounting`). ``steps_ahead``: in an asynchronous run, how
+    many steps this rank was ahead of the slowest worker when it started this step
+    (:mod:`parallax_nb.staleness`); None in a synchronous one.
     """
 
     step: int
@@ -60,10 +63,14 @@ class StepRecord:
     bytes_sent: float
     bytes_received: float
     bytes_by_variable: dict = field(default_factory=dict)
+    steps_ahead: int | None = None
 
     def to_row(self) -> dict:
-        return {"step": self.step, "loss": self.loss, "examples_per_s": self.examples_per_s,
-                "step_time_s": self.step_time_s, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+        row = {"step": self.step, "loss": self.loss, "examples_per_s": self.examples_per_s,
+               "step_time_s": self.step_time_s, "bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received}
+        if self.steps_ahead is not None:
+            row["steps_ahead"] = self.steps_ahead
+        return row
 
 
 @dataclass
@@ -96,6 +103,7 @@ class TrainResult:
     local_aggregation: bool = False  # executed (the plan asked and machines hold several ranks)
     batch_norm: dict | None = None  # {"layers": [names], "statistics": "global batch" | "per rank" | "none"}
     executed_plan: Any = None  # parallax_nb.executed.ExecutedPlan: what ran and how it differs from the plan
+    staleness: Any = None  # parallax_nb.staleness.MeasuredStaleness of every rank (asynchronous runs only)
 
     def single_device_model(self):
         """The user's model (``job.model()``) holding the trained weights, incl. non-trainable."""
@@ -114,7 +122,9 @@ class TrainResult:
     def summary(self) -> dict:
         """The run summary (schema ``parallax_nb.run`` v1). Byte figures are per rank per step,
         averaged over the measured steps and over all ranks (comparable to the cost model's
-        bytes per machine per step with one rank per machine); times are this rank's medians."""
+        bytes per machine per step with one rank per machine); times are this rank's medians.
+        ``sync`` / ``max_staleness`` as executed; ``staleness``: every rank's steps ahead of the
+        slowest (:class:`parallax_nb.staleness.MeasuredStaleness`), None in a synchronous run."""
         measured = self.measured
 
         def median(values):
@@ -146,6 +156,10 @@ class TrainResult:
             "final_loss": float(self.history[-1].loss) if self.history else float("nan"),
             "variables": variables,
             **({"executed_plan": self.executed_plan.to_dict()} if self.executed_plan is not None else {}),
+            # synchronous or asynchronous as executed, and the measured staleness (parallax_nb.staleness)
+            "sync": self.executed_plan.sync if self.executed_plan is not None else True,
+            "max_staleness": self.executed_plan.max_staleness if self.executed_plan is not None else None,
+            "staleness": self.staleness.to_dict() if self.staleness is not None else None,
             "bytes_sent_per_step": float(sum(v["bytes_sent_per_step"] for v in variables.values())),
             "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
             # what a calibration must have been taken under to predict this run (parallax_nb.calibration)

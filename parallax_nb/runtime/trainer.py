@@ -38,6 +38,10 @@ barrier (:mod:`.exchanges.async_pull_push`). What differs from a synchronous run
   number of workers; any other optimizer is refused (:func:`async_learning_rate`);
 * checkpoints are refused for now (``checkpoint_dir`` / ``resume``);
 * synchronised BatchNorm (a collective in the step) is refused: ``sync_batch_norm=False``.
+
+Each step starts with the rank's stale-synchronous wait (``AsyncPS.wait_turn``, before any
+pull), whose measured steps ahead of the slowest the step's record carries
+(``StepRecord.steps_ahead``); the result summarises every rank's (:mod:`parallax_nb.staleness`).
 At the end the owners' final partitions (every push applied) are written back into the
 model's variables, so :meth:`Trainer.weights` gathers them as in a synchronous run.
 """
@@ -346,8 +350,11 @@ class Trainer:
         ``stop_requested``: this rank was asked to stop; afterwards :attr:`stop_agreed` says
         whether any rank was, the same on every rank (it rode the step's loss collective)."""
         start = time.perf_counter()
+        steps_ahead = None
         with self._user_errors():
             if self.asynchronous:
+                self.server.wait_turn()   # the step's SSP wait, once, before any pull: its figure is this step's
+                steps_ahead = self.server.steps_ahead[-1]
                 self.exchange.before_step()
             loss, health, stop, byte_totals, _, outgoing = self._step_fn(x, y, tf.constant(float(stop_requested)))
             loss, health, byte_totals = float(loss), health.numpy(), byte_totals.numpy()
@@ -362,7 +369,8 @@ class Trainer:
         self.step += 1
         return StepRecord(step=self.step, loss=loss, examples_per_s=self.ranks * self.job.batch_size / elapsed,
                           step_time_s=elapsed, bytes_sent=sum(s for s, _ in by_var.values()),
-                          bytes_received=sum(r for _, r in by_var.values()), bytes_by_variable=by_var)
+                          bytes_received=sum(r for _, r in by_var.values()), bytes_by_variable=by_var,
+                          steps_ahead=steps_ahead)
 
     def _async_traffic(self) -> dict[str, tuple[float, float]]:
         """Per asynchronous variable, the bytes its pulls and pushes (as worker and as owner)
@@ -486,9 +494,11 @@ class Trainer:
                 if self.stop_agreed and self.step < steps:
                     stopped = True
                     break
+            staleness = None
             if self.asynchronous:
                 self._watch("finishing", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
                 self._finish_async()
+                staleness = self._measured_staleness()
             self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
                 saved.append(ckpt.save(self, checkpoint_dir))
@@ -508,7 +518,17 @@ class Trainer:
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
             rank_mean_bytes=self._rank_mean_bytes(history),
             batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks),
-            executed_plan=self.executed)
+            executed_plan=self.executed, staleness=staleness)
+
+    def _measured_staleness(self):
+        """Every rank's steps ahead of the slowest over this run (:mod:`parallax_nb.staleness`),
+        the same on every rank. Collective."""
+        from ..staleness import MeasuredStaleness
+
+        per_rank = [list(self.steps_ahead)]
+        if self.ranks > 1:
+            per_rank = self.hvd.allgather_object(per_rank[0], name="px_steps_ahead")
+        return MeasuredStaleness.from_steps_ahead(per_rank, self.plan.max_staleness)
 
     def _finish_async(self) -> None:
         """Close this rank's asynchronous PS (it serves the others until every worker is done)

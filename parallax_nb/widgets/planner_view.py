@@ -18,6 +18,7 @@ import ipywidgets as widgets
 
 from .. import labels, svg
 from ..planner import Planner, describe_inputs
+from ..staleness import describe_sync
 from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, Method, format_bandwidth, format_bytes
 from . import style
 from .snapshot import SnapshotDisplay
@@ -32,6 +33,10 @@ CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing; the table lis
 COMPARED = ARCHITECTURES   # the step-time chart's bars: only what this view offers
 REFERENCE_BASELINES = (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS)   # named beneath the chart, not drawn
 LOCAL_AGGREGATION_OPTIONS = [("auto", "auto"), ("on", True), ("off", False)]
+SYNC_OPTIONS = [("sync", True), ("async", False)]
+SYNC_TOOLTIPS = ["every step ends at a barrier: all workers at the slowest's pace",
+                 "PS variables without a barrier: each worker pulls, computes, pushes and moves on "
+                 "(every variable must be PS)"]
 BUTTON_WIDTH = "76px"
 
 
@@ -60,6 +65,9 @@ def render_summary(planner: Planner) -> str:
                    css_class="parallax-speedup-ar", mark=_speedup_mark(planner.speedup_vs_ar)),
         style.card("speedup vs PS", f"{planner.speedup_vs_ps:.2f}x", "every variable on servers",
                    css_class="parallax-speedup-ps", mark=_speedup_mark(planner.speedup_vs_ps)),
+        style.card("training", describe_sync(planner.plan.sync, planner.plan.max_staleness),
+                   "every step ends at a barrier" if planner.plan.sync else
+                   "PS without a barrier; times above are of synchronous steps", css_class="parallax-sync"),
     ])
 
 
@@ -180,7 +188,8 @@ def _row(label: str, control: widgets.Widget) -> widgets.HBox:
 class PlannerView(SnapshotDisplay, widgets.VBox):
     """Controls over a :class:`Planner` and its recomputed costs. ``PlannerView(planner)``;
     displaying a Planner shows one. Controls: machines, workers per machine, bandwidth (text
-    with units), latency, architecture, local aggregation, and a per-variable method and
+    with units), latency, architecture, local aggregation, sync/async with the max staleness
+    (text, empty for unbounded; disabled while sync), and a per-variable method and
     partition override. Outputs: summary cards, the per-variable table, the charts."""
 
     def __init__(self, planner: Planner, **kwargs):
@@ -203,6 +212,11 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
             options=LOCAL_AGGREGATION_OPTIONS, style={"button_width": "56px"},
             tooltips=["AUTO chooses whichever its estimate calls faster (other architectures: on)",
                       "combine a machine's gradients before they cross machines", "every rank on its own"])
+        self.sync = widgets.ToggleButtons(options=SYNC_OPTIONS, tooltips=SYNC_TOOLTIPS, style={"button_width": "64px"})
+        self.max_staleness = widgets.Text(placeholder="unbounded", continuous_update=False,
+                                          layout=widgets.Layout(width="100px"),
+                                          tooltip="with async: a worker waits when it is more than this many "
+                                                  "steps ahead of the slowest (empty: unbounded)")
         self.explanations = widgets.HTML()
         self.variable = widgets.Dropdown(options=names, layout=widgets.Layout(width="260px"))
         self.method = widgets.ToggleButtons(options=METHOD_OPTIONS, tooltips=METHOD_TOOLTIPS,
@@ -227,6 +241,8 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         plan_box = widgets.VBox([
             _row("architecture", self.architecture),
             _row("estimated step", self.option_times),
+            _row("training", widgets.HBox([self.sync, _label("max staleness (steps)"), self.max_staleness],
+                                          layout=widgets.Layout(align_items="center"))),
             _row("variable", self.variable),
             _row("its method", self.method),
             _row("its partitions", widgets.HBox([self.partitions, self.partitions_note])),
@@ -242,6 +258,8 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         for name in ("machines", "workers_per_machine", "bandwidth", "architecture", "local_aggregation"):
             getattr(self, name).observe(self._control_changed(name), names="value")
         self.latency_us.observe(self._latency_changed, names="value")
+        self.sync.observe(self._sync_changed, names="value")
+        self.max_staleness.observe(self._max_staleness_changed, names="value")
         self.variable.observe(lambda _change: self._sync_override_controls(), names="value")
         self.method.observe(self._method_changed, names="value")
         self.partitions.observe(self._partitions_changed, names="value")
@@ -267,6 +285,14 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         if not self._syncing:
             self.planner.set(latency_s=change["new"] / 1e6)   # 25 / 1e6 == 25e-6 exactly; 25 * 1e-6 is not
 
+    def _sync_changed(self, change):
+        if not self._syncing:   # back to sync: the bound applies to async only, so it is cleared with it
+            self.planner.set(sync=True, max_staleness=None) if change["new"] else self.planner.set(sync=False)
+
+    def _max_staleness_changed(self, change):
+        if not self._syncing:
+            self.planner.set(max_staleness=change["new"])
+
     def _method_changed(self, change):
         if not self._syncing and self.variable.value is not None:
             self.planner.set_method(self.variable.value, change["new"] or None)
@@ -289,6 +315,10 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
             arch = getattr(inputs.architecture, "value", str(inputs.architecture).lower())
             if arch in dict((v, k) for k, v in ARCHITECTURE_OPTIONS):
                 self.architecture.value = arch
+            if isinstance(inputs.sync, bool):
+                self.sync.value = inputs.sync
+            self.max_staleness.value = "" if inputs.max_staleness is None else str(inputs.max_staleness)
+            self.max_staleness.disabled = inputs.sync is True and inputs.max_staleness is None
             shown = _local_aggregation_option(inputs.local_aggregation)
             if shown is not None:    # an invalid value ("no") is left to the error box
                 self.local_aggregation.value = shown

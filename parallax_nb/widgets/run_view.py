@@ -4,6 +4,7 @@ Progress bar (steps done of steps asked), a status line naming the run's phase w
 that ticks every half second ("starting the cluster: engines 1 of 2 ready · 6 s", "building
 the model", "tracing the training step", then steps, then "gathering the trained weights"),
 a Stop button wired to ``run.stop()``, a note when the plan was made for another cluster,
+for an asynchronous run its setting and measured staleness (:func:`staleness_text`),
 charts of loss, throughput (examples/s over all ranks, smoothed, raw values faint behind)
 and bytes per step (measured on rank 0, sent + received, next to the cost model's
 prediction for this run), a per-variable table of predicted vs measured bytes per step, per
@@ -136,6 +137,18 @@ def render_link_table(run) -> str:
     return table + (style.note("link prediction: " + style.esc(prediction.coordination)) if prediction is not None else "")
 
 
+def staleness_text(run) -> str:
+    """An asynchronous run's sync setting and measured staleness (:mod:`parallax_nb.staleness`):
+    rank 0's while it trains, every rank's once it is done."""
+    if run.staleness is not None:
+        return f"{run.training_text}; {run.staleness.describe()}"
+    live = run.live_staleness
+    if live is None:
+        return f"{run.training_text}; no step measured yet"
+    return (f"{run.training_text}; rank 0 steps ahead of the slowest: mean {live.mean_steps_ahead:.2f}, "
+            f"max {live.max_steps_ahead}")
+
+
 def step_time_text(run) -> str | None:
     """``step time: predicted 120.0 ms, measured 131.5 ms (median of steps 2-30), +9.6 % [...]``
     once the run is done with a profile (:meth:`Run.step_time_check`), else None."""
@@ -192,7 +205,8 @@ class RunView(SnapshotDisplay, widgets.VBox):
         run = self.run
         architecture = getattr(getattr(run.plan, "architecture", None), "value", run.architecture)
         plan = f", {labels.text(architecture)} plan" if architecture else ", no plan yet"
-        return style.heading(f"Run on {run.engines} MPI engines", f"{run.steps} steps{plan}")
+        training = "" if run.sync else f", {run.training_text}"
+        return style.heading(f"Run on {run.engines} MPI engines", f"{run.steps} steps{plan}{training}")
 
     def _update_cheap(self) -> None:
         run = self.run
@@ -237,6 +251,8 @@ class RunView(SnapshotDisplay, widgets.VBox):
             parts.append(f"{format_bytes(last['bytes_per_step'])}/step")
         if run.status != "done":
             parts.append(f"{run.elapsed_s:.1f} s in all")
+        if not run.sync:
+            parts.append(staleness_text(run))
         if run.batch_norm_note:
             parts.append(run.batch_norm_note)
         parts.extend(f"plan changed: {change}" for change in run.plan_changes)
