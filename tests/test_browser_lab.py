@@ -273,15 +273,16 @@ def test_quickstart_runs_in_jupyterlab(lab, executed, test_output_dir):
 
 def test_planner_keeps_the_last_valid_plan_on_bad_input(executed):
     """Typed in the browser: a negative latency, a bandwidth without units, a partition count of
-    0. Each shows its error in the user's units, and the cards still show the last valid plan."""
+    0, and a click on "async" for a plan with AllReduce variables. Each shows its error in the
+    user's terms, and the cards still show the last valid plan."""
     page, _ = executed
     planner = page.locator(".parallax-planner-view").first
     planner.scroll_into_view_if_needed()
     cards = planner.locator(".parallax-comm").first.inner_text()
     error = planner.locator(".parallax-error").first
-    boxes = planner.locator(".widget-text input")               # bandwidth, latency (µs), partitions
-    assert boxes.count() == 3
-    cases = [(0, "fast", "unparsable bandwidth 'fast'"), (1, "-5", "-5 µs"), (2, "0", "got 0")]
+    boxes = planner.locator(".widget-text input")   # bandwidth, latency (µs), max staleness, partitions
+    assert boxes.count() == 4
+    cases = [(0, "fast", "unparsable bandwidth 'fast'"), (1, "-5", "-5 µs"), (3, "0", "got 0")]
     for index, bad, expected in cases:
         box = boxes.nth(index)
         good = box.input_value()
@@ -296,6 +297,14 @@ def test_planner_keeps_the_last_valid_plan_on_bad_input(executed):
         box.press("Enter")
         error.wait_for(state="hidden", timeout=30_000)
         assert planner.locator(".parallax-comm").first.inner_text() == cards, f"restoring {good!r} changed the plan"
+    # asynchronous training of a plan with AllReduce variables: refused in words, plan kept
+    planner.get_by_role("button", name="async", exact=True).click()
+    error.wait_for(state="visible", timeout=30_000)
+    text = error.inner_text()
+    assert "asynchronous training applies to PS variables only" in text and "last valid plan" in text, text
+    assert planner.locator(".parallax-comm").first.inner_text() == cards
+    planner.get_by_role("button", name="sync", exact=True).click()
+    error.wait_for(state="hidden", timeout=30_000)
 
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
