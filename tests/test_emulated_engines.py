@@ -299,18 +299,22 @@ def local_steps_on_the_link(use_process_sets: bool, steps: int) -> dict:
 def test_local_steps_in_process_sets_keep_off_the_link(cluster):
     """200 local-aggregation steps (1 KiB each) in the machine's Horovod process set, against
     the same steps over all ranks (zero-length parts to the other machine, as before process
-    sets): the link's packet rate while they run, next to its rate while Horovod idles."""
-    probe = {use: on_engines(cluster, local_steps_on_the_link, use, 200)[2] for use in (True, False)}
-    rates = {use: {k: p[k] / p["seconds"] for k in ("local_packets", "idle_packets")} for use, p in probe.items()}
-    print(f"\nmachine 1's link during 200 local steps, then idle as long: {probe}; packets/s {rates}")
-    # over all ranks every local step sends packets across the link; in the machine's set none
-    # does, and what is left is Horovod's coordination of all ranks (less while it is busy).
-    # The idle rate is read twice, moments apart, and moves with what else the cores do
-    # (2.7k and 7.6k packets/s in one CI run, 8.4k and 8.5k in another): the larger reading is
-    # the coordination's level.
-    idle = max(rates[True]["idle_packets"], rates[False]["idle_packets"])
-    assert rates[True]["local_packets"] < 0.5 * rates[False]["local_packets"], rates
-    assert rates[True]["local_packets"] <= idle * 1.2 + 20, rates
+    sets): the packets the link carries per local step, and their rate next to Horovod's idle
+    coordination."""
+    steps = 200
+    probe = {use: on_engines(cluster, local_steps_on_the_link, use, steps)[2] for use in (True, False)}
+    per_step = {use: p["local_packets"] / steps for use, p in probe.items()}
+    print(f"\nmachine 1's link during {steps} local steps, then idle as long: {probe}; packets per step {per_step}")
+    # Over all ranks every local step sends packets across the link (its splits, its
+    # negotiation with the coordinator on the other machine); in the machine's set none does.
+    # Per step, not per second: the steps over all ranks also take longer (1.0 s against 0.39 s
+    # for 200 in one CI run), and Horovod's idle coordination fills the time either way.
+    assert per_step[True] < 0.5 * per_step[False], per_step
+    # What is left in the set is Horovod's coordination of all ranks (less while it is busy).
+    # The idle rate is read twice, moments apart, and moves with what else the cores do (2.7k
+    # and 7.6k packets/s in one CI run, 7.8k and 7.9k in another): the larger is its level.
+    idle_rate = max(p["idle_packets"] / p["seconds"] for p in probe.values())
+    assert probe[True]["local_packets"] <= idle_rate * probe[True]["seconds"] * 1.2 + 20, probe
 
 
 def local_steps_over_all_ranks(on: bool) -> None:
