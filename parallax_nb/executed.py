@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .jsonfile import reading_fields
 from .types import Kind, Method
 
 
@@ -108,7 +109,7 @@ class ExecutedPlan:
         """Validate and build; a ConfigError names the field that is wrong."""
         if not isinstance(d, dict):
             raise ConfigError(f"{source} must be a mapping, got {type(d).__name__}")
-        try:
+        with reading_fields(source):
             variables = tuple(ExecutedVariable(name=str(v["name"]), method=Method(v["method"]), kind=Kind(v["kind"]),
                                                partitions=int(v.get("partitions", 1))) for v in d["variables"])
             changes = tuple(PlanChange(what=str(c["what"]), requested=c["requested"], executed=c["executed"],
@@ -123,9 +124,3 @@ class ExecutedPlan:
                        workers_per_machine=int(d["workers_per_machine"]),
                        local_aggregation=bool(d["local_aggregation"]), variables=variables, changes=changes,
                        sync=sync, max_staleness=k)
-        except KeyError as e:
-            raise ConfigError(f"{source} lacks field {e.args[0]!r}",
-                              hint="regenerate it with this version of parallax_nb") from None
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{source} is malformed: {e}", hint="regenerate it with this version of parallax_nb") \
-                from None

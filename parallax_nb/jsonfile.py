@@ -2,11 +2,12 @@
 with errors that name the file and the problem."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 
-from .errors import ParallaxError
+from .errors import ConfigError, ParallaxError
 
 
 def _default_mode() -> int:
@@ -50,6 +51,21 @@ def dump_json(data: dict, path: str | None = None) -> str:
     if path is not None:
         atomic_write_text(path, text)
     return text
+
+
+@contextlib.contextmanager
+def reading_fields(source: str):
+    """Around building a value from a dict read from a file: a missing field (KeyError) or a
+    value of the wrong type or range (TypeError, ValueError) becomes a :class:`ConfigError`
+    naming ``source`` and the field or the problem."""
+    try:
+        yield
+    except KeyError as e:
+        raise ConfigError(f"{source} lacks field {e.args[0]!r}",
+                          hint="regenerate it with this version of parallax_nb") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source} is malformed: {e}", hint="regenerate it with this version of parallax_nb") \
+            from None
 
 
 def load_json(path_or_text: str, what: str = "file") -> dict:

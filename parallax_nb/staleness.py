@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .errors import ConfigError
+from .jsonfile import reading_fields
 
 DEFINITION = ("steps ahead = steps this rank had finished minus the fewest any worker had finished, "
               "when it started a step (after any max_staleness wait); mean and max over the run's steps")
@@ -85,18 +86,12 @@ class MeasuredStaleness:
     def from_dict(cls, d: Any, source: str = "measured staleness") -> "MeasuredStaleness":
         if not isinstance(d, dict):
             raise ConfigError(f"{source} must be a mapping, got {type(d).__name__}")
-        try:
+        with reading_fields(source):
             ranks = tuple(RankStaleness(rank=int(r["rank"]), steps=int(r["steps"]),
                                         mean_steps_ahead=float(r["mean_steps_ahead"]),
                                         max_steps_ahead=int(r["max_steps_ahead"])) for r in d["per_rank"])
             k = d.get("max_staleness")
             return cls(max_staleness=None if k is None else int(k), ranks=ranks)
-        except KeyError as e:
-            raise ConfigError(f"{source} lacks field {e.args[0]!r}",
-                              hint="regenerate it with this version of parallax_nb") from None
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{source} is malformed: {e}", hint="regenerate it with this version of parallax_nb") \
-                from None
 
 
 def describe_sync(sync: bool, max_staleness: int | None) -> str:
