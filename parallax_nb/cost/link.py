@@ -45,10 +45,12 @@ carried per call besides its payload: the headers and ACKs of its messages and H
 negotiation while it runs (measured on 2 x 2 ranks at 1 Gbit/s, Horovod's 1 ms cycle: about
 2.4 KB per alltoall across machines; 0.8 KB per call inside a machine, where no payload
 crosses: Horovod's negotiation during its ~1 ms). On payload alone a recommender's many short calls were
-predicted 8-18 % low; counted, they come out at -11 % to +6 % (9 cluster starts, 2 x 2 ranks at
-1 Gbit/s): a 256-byte call's bytes rise with its duration at about the idle loop's rate, so
-calibrations of different starts price them 39-60 KB a step while a run carries a steady
-41-49 KB besides its payload. ``calls`` names every call
+predicted 8-18 % low. Counted, they scattered from -11 % to +6 % (9 cluster starts, 2 x 2
+ranks at 1 Gbit/s) while the overhead was read around chains of 3 calls: a call's bytes rise
+with its duration at about the idle loop's rate, and the first call of a chain waits for the
+loop's next cycle. Read around chains of 12 (:mod:`parallax_nb.runtime.calibrate`), they come
+out at -2.1 % to +2.5 % (14 runs, 2026-11-25), against a run's own 152-160 KB per step.
+``calls`` names every call
 a rank issues per step by op and scope (``{"alltoall/cross": 6, ...}``, the runtime's own
 listing, :mod:`.timing`), inside a machine too.
 

@@ -50,7 +50,13 @@ In order, identical on every rank:
 
    With a link to read, local rank 0 of each machine also reads its counters around each
    timed chain (after its barrier): the median over the chains of the link bytes and packets
-   per call (``link_per_call``).
+   per call (``link_per_call``). At the smallest size, where a call's link bytes are mostly
+   its own overhead (headers, ACKs, Horovod's negotiation while it runs), the reading comes
+   from ``link_chain`` calls per chain instead: a call's overhead rises with its duration at
+   about Horovod's idle rate, and the first call of a chain waits for the loop's next cycle,
+   so three calls scatter. Measured on 2 x 2 ranks at 1 Gbit/s, six readings of one start
+   each: an alltoall across machines 3.09 KB per call, standard deviation 137 B, in chains of
+   3; 2.95 KB, 61 B in chains of 12 (inside a machine 133 B against 22 B).
 
    ``machine`` and ``cross`` are measured only with several machines of several ranks each
    (otherwise they are the ``all`` calls, or empty).
@@ -62,6 +68,7 @@ import time
 
 COLLECTIVE_SIZES_BYTES = (256, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
 CHAIN_CALLS = 3
+LINK_CHAIN_CALLS = 12
 REPEATS = 7
 IDLE_S = 2.0
 WARMUP_STEPS = 2
@@ -70,7 +77,7 @@ COMPUTE_STEPS = 5
 
 def measure_on_rank(job=None, workers_per_machine: int | None = None, link_interface: str | None = None,
                     sizes_bytes=COLLECTIVE_SIZES_BYTES, chain: int = CHAIN_CALLS, repeats: int = REPEATS,
-                    idle_s: float = IDLE_S, warmup_steps: int = WARMUP_STEPS,
+                    idle_s: float = IDLE_S, link_chain: int = LINK_CHAIN_CALLS, warmup_steps: int = WARMUP_STEPS,
                     compute_steps: int = COMPUTE_STEPS) -> dict:
     """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
     "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
@@ -107,15 +114,17 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     out["link_per_call"] = {}
     if hvd.size() > 1:
         def time_calls(calls: dict) -> None:
-            for key, fn in calls.items():
-                timed, link = _time_sizes(fn, hvd, barrier, key, sizes_bytes, chain, repeats, link_interface)
+            for key, call in calls.items():
+                long_chain = _chained(call, link_chain) if link_interface else None
+                timed, link = _time_sizes(_chained(call, chain), hvd, barrier, key, sizes_bytes, chain, repeats,
+                                          link_interface, long_chain, link_chain)
                 out["collectives"][key] = timed
                 if link is not None:
                     out["link_per_call"][key] = link
 
-        time_calls(_collective_calls(hvd, hierarchy, chain))
+        time_calls(_collective_calls(hvd, hierarchy))
         if hierarchy is not None:   # the sets per local index come last (see the module docstring)
-            time_calls(_cross_set_calls(hvd, hierarchy, chain))
+            time_calls(_cross_set_calls(hvd, hierarchy))
     # the sets of other local indices may still be timing: nobody leaves (and shuts Horovod down) before them
     barrier("calibrate_done")
     if hierarchy is not None and hvd.size() > 1:   # engines go on training: no set a run does not use stays
@@ -208,9 +217,10 @@ def _chained(call, chain: int):
     return run
 
 
-def _collective_calls(hvd, hierarchy, chain: int) -> dict:
-    """``{"op/scope": chained tf.function}`` over all ranks and, with a hierarchy, within a
-    machine and across machines as the runtime's local-aggregation steps issue them."""
+def _collective_calls(hvd, hierarchy) -> dict:
+    """``{"op/scope": call(x, i)}`` over all ranks and, with a hierarchy, within a machine and
+    across machines as the runtime's local-aggregation steps issue them (:func:`_chained`
+    makes a chain of one)."""
     import tensorflow as tf
 
     W = hvd.size()
@@ -236,10 +246,10 @@ def _collective_calls(hvd, hierarchy, chain: int) -> dict:
             "alltoall/cross": lambda x, i: h.alltoall(
                 x, h.splits(h.cross_peers, [tf.shape(x)[0] // h.N] * h.N), f"px_cal_a2a_cross_{i}")[0],
         })
-    return {key: _chained(call, chain) for key, call in calls.items()}
+    return calls
 
 
-def _cross_set_calls(hvd, hierarchy, chain: int) -> dict:
+def _cross_set_calls(hvd, hierarchy) -> dict:
     """Allreduce and allgather among one local index on every machine, in a process set per
     local index (every rank adds all of them, in the same order)."""
     from .context import process_set
@@ -252,7 +262,7 @@ def _cross_set_calls(hvd, hierarchy, chain: int) -> dict:
         "allgather/cross": lambda x, i: allgather_own(hvd.allgather(x, process_set=mine,
                                                                     name=f"px_cal_ag_cross_{i}"), x),
     }
-    return {key: _chained(call, chain) for key, call in calls.items()}
+    return calls
 
 
 def allgather_own(gathered, x):
@@ -263,11 +273,12 @@ def allgather_own(gathered, x):
 
 
 def _time_sizes(fn, hvd, barrier, key: str, sizes_bytes, chain: int, repeats: int,
-                interface: str | None = None) -> tuple[list, list | None]:
+                interface: str | None = None, long_fn=None, long_chain: int = 0) -> tuple[list, list | None]:
     """[(bytes per call, median seconds per call)] of one chained collective at every size,
     and on local rank 0 with a link to read, [(bytes per call, link bytes per call, link
     packets per call)] (None elsewhere): the link's counters around each timed chain (after
-    its barrier), the median over the ``repeats`` chains, per call."""
+    its barrier), the median over the ``repeats`` chains, per call; at the smallest size
+    around ``repeats`` chains of ``long_fn`` (``long_chain`` calls) instead, when given."""
     import tensorflow as tf
 
     # every call hands a whole number of float32 elements per participant (at most W)
@@ -287,7 +298,16 @@ def _time_sizes(fn, hvd, barrier, key: str, sizes_bytes, chain: int, repeats: in
             per_call.append((time.perf_counter() - start) / chain)
             link_per_chain.append(link.done())
         points.append((4 * elements, statistics.median(per_call)))
+        calls_per_reading = chain
+        if long_fn is not None and size == min(sizes_bytes):   # on every rank: they are collectives
+            float(long_fn(x))   # untimed: traces
+            link_per_chain, calls_per_reading = [], long_chain
+            for r in range(repeats):
+                barrier(f"cal_{tag}_{size}_long_{r}")
+                link = _LinkReading(hvd, interface)
+                float(long_fn(x))
+                link_per_chain.append(link.done())
         if link_per_chain[0] is not None:
-            link_points.append((4 * elements, statistics.median(r["bytes"] for r in link_per_chain) / chain,
-                                statistics.median(r["packets"] for r in link_per_chain) / chain))
+            link_points.append((4 * elements, statistics.median(r["bytes"] for r in link_per_chain) / calls_per_reading,
+                                statistics.median(r["packets"] for r in link_per_chain) / calls_per_reading))
     return points, (link_points if link_points else None)
