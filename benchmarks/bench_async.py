@@ -19,9 +19,17 @@ Printed per configuration:
   waits for the others at the end is not charged that wait: it could have gone on training);
 * **loss**: the trained model's mean loss on the first ``--eval-batches`` batches of the whole
   data set (one shard), computed on rank 0 with the gathered weights, single device. Every
-  configuration has seen the same number of examples (ranks x steps x batch); asynchronous
-  workers apply their own gradients at the learning rate (W updates where synchronous
-  training makes one of their mean).
+  configuration has seen the same number of examples (ranks x steps x batch). Synchronous
+  training makes one update per step, of the W workers' mean gradient, at ``--learning-rate``;
+  asynchronous workers each apply their own, W updates where synchronous training makes one,
+  so they train at ``--async-learning-rate`` (default: ``--learning-rate / W``, the same
+  distance per W pushes as one synchronous step: a like-for-like comparison of the loss);
+* **sequential SGD**: the loss of single-device training with the same per-example learning
+  rate and as many updates as the asynchronous workers make together (``ranks x steps``
+  steps of ``--batch-size`` at ``--async-learning-rate``). Asynchronous training is that,
+  but with the gradients computed on parameters up to ``max_staleness`` steps old: the
+  distance between the two is what staleness costs. Against synchronous training, which makes
+  a quarter as many updates of four times the batch, it also differs by the batch size.
 
 ``--invocations N`` repeats the whole grid and prints each figure's median and range.
 """
@@ -66,14 +74,16 @@ def train_with_straggler(size: str, steps: int, warmup: int, sync: bool, max_sta
            "steps_ahead_max": max(trainer.steps_ahead, default=0)}
     if info.rank == 0:
         out["loss"] = _loss_on_data(job, result.weights, eval_batches)
+        out["initial_loss"] = _loss_on_data(job, None, eval_batches)
     return out
 
 
 def _loss_on_data(job, weights: dict, batches: int) -> float:
-    """Mean loss of ``job``'s model holding ``weights`` on the first ``batches`` batches of the
-    whole data set (one shard), single device."""
+    """Mean loss of ``job``'s model holding ``weights`` (None: its initial weights, as every
+    configuration starts) on the first ``batches`` batches of the whole data set (one shard),
+    single device."""
     model = job.build_model()
-    for variable in model.variables:
+    for variable in model.variables if weights is not None else ():
         variable.assign(weights[variable.path])
     losses = [float(job.loss_value(model, x, y, training=False))
               for x, y in job.dataset(0, 1).take(batches)]
@@ -89,6 +99,8 @@ def run_setting(setting: str, args) -> dict:
     out = {}
     for config in CONFIGS:
         call = dict(kwargs, sync=config == "sync", max_staleness=args.ssp if config == "ssp" else None)
+        if config != "sync":
+            call["learning_rate"] = async_learning_rate(args, ranks_of(setting))
         if setting.startswith("loop"):
             per_rank = run_on_ranks(train_with_straggler, int(setting[4:]), kwargs=call, timeout_s=args.timeout)
         else:
@@ -100,11 +112,39 @@ def run_setting(setting: str, args) -> dict:
         out[config] = {"examples_per_s": sum(r["examples_per_s"] for r in per_rank),
                        "per_rank_examples_per_s": [r["examples_per_s"] for r in per_rank],
                        "steps_ahead_max": max(r["steps_ahead_max"] for r in per_rank),
-                       "loss": per_rank[0]["loss"]}
+                       "loss": per_rank[0]["loss"], "initial_loss": per_rank[0]["initial_loss"]}
         print(f"  {setting} {config}: {out[config]['examples_per_s']:.1f} examples/s "
               f"(per rank {[round(x, 1) for x in out[config]['per_rank_examples_per_s']]}), "
               f"loss {out[config]['loss']:.4f}, most steps ahead {out[config]['steps_ahead_max']}", flush=True)
+    out["sequential_loss"] = sequential_loss(args, ranks_of(setting))
+    print(f"  {setting} sequential SGD (single device, {ranks_of(setting) * args.steps} steps of {args.batch_size}): "
+          f"loss {out['sequential_loss']:.4f}", flush=True)
     return out
+
+
+def sequential_loss(args, ranks: int) -> float:
+    """The sequential-SGD reference's loss (module docstring), single device, in this process."""
+    from parallax_nb.runtime.reference import train_single_device
+    from parallax_nb.workloads import lm_job
+
+    job = lm_job(args.size, optimizer="sgd", learning_rate=async_learning_rate(args, ranks),
+                 batch_size=args.batch_size)
+    weights, _ = train_single_device(job, ranks * args.steps, batch_size=args.batch_size)
+    return _loss_on_data(job, weights, args.eval_batches)
+
+
+def ranks_of(setting: str) -> int:
+    """Ranks of a setting: ``loopN`` -> N, ``MxG@bandwidth`` -> M x G."""
+    if setting.startswith("loop"):
+        return int(setting[4:])
+    machines, per_machine = setting.split("@")[0].split("x")
+    return int(machines) * int(per_machine)
+
+
+def async_learning_rate(args, ranks: int) -> float:
+    """The asynchronous configurations' learning rate: ``--async-learning-rate``, else
+    ``--learning-rate / ranks`` (module docstring)."""
+    return args.async_learning_rate if args.async_learning_rate is not None else args.learning_rate / ranks
 
 
 def summary(invocations: list[dict], args) -> str:
@@ -118,14 +158,23 @@ def summary(invocations: list[dict], args) -> str:
         return f"{statistics.median(values):.3g}{unit} ({min(values):.3g}-{max(values):.3g})"
 
     for setting in invocations[0]:
-        lines.append(f"{setting}")
+        start = [inv[setting]["sync"]["initial_loss"] for inv in invocations]
+        lines.append(f"{setting} (async and SSP at lr {async_learning_rate(args, ranks_of(setting)):g}; "
+                     f"loss at the start {fmt(start)})")
         for config in CONFIGS:
             rates = [inv[setting][config]["examples_per_s"] for inv in invocations]
             ratio = [inv[setting][config]["examples_per_s"] / inv[setting]["sync"]["examples_per_s"] for inv in invocations]
             loss = [100 * (inv[setting][config]["loss"] / inv[setting]["sync"]["loss"] - 1) for inv in invocations]
             label = {"sync": "sync", "async": "async (unbounded)", "ssp": f"SSP k={args.ssp}"}[config]
-            lines.append(f"  {label:<18} {fmt(rates)} examples/s   {fmt(ratio, 'x')} sync's   "
-                         f"loss {fmt(loss, ' %')} vs sync's")
+            trained = [inv[setting][config]["loss"] for inv in invocations]
+            line = (f"  {label:<18} {fmt(rates)} examples/s   {fmt(ratio, 'x')} sync's   "
+                    f"loss {fmt(trained)}, {fmt(loss, ' %')} vs sync's")
+            if config != "sync":
+                staleness = [100 * (inv[setting][config]["loss"] / inv[setting]["sequential_loss"] - 1)
+                             for inv in invocations]
+                line += f", {fmt(staleness, ' %')} vs sequential SGD's"
+            lines.append(line)
+        lines.append(f"  {'sequential SGD':<18} loss {fmt([inv[setting]['sequential_loss'] for inv in invocations])}")
     return "\n".join(lines)
 
 
@@ -138,6 +187,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=0.1)
+    parser.add_argument("--async-learning-rate", type=float, default=None,
+                        help="learning rate of the asynchronous configurations (default: --learning-rate / ranks)")
     parser.add_argument("--slowdown", type=float, default=2.0)
     parser.add_argument("--ssp", type=int, default=2)
     parser.add_argument("--eval-batches", type=int, default=8)
@@ -145,6 +196,10 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", help="write every invocation's figures here")
     args = parser.parse_args(argv)
+    for name in ("learning_rate", "async_learning_rate"):
+        value = getattr(args, name)
+        if value is not None and not (value > 0 and value < float("inf")):
+            parser.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
     if args.steps <= args.warmup + 1:
         parser.error(f"--steps ({args.steps}) must exceed --warmup + 1 ({args.warmup + 1})")
     settings = [f"loop{n}" for n in args.ranks] + list(args.network)
