@@ -31,6 +31,13 @@ Printed per configuration:
   distance between the two is what staleness costs. Against synchronous training, which makes
   a quarter as many updates of four times the batch, it also differs by the batch size.
 
+**Predicted first**: before anything trains, per setting, the cost model's outlook
+(:func:`parallax_nb.cost.asynchronous.straggler_outlook`) for the plan on that cluster (one
+machine of ``--ranks`` workers on loopback, the emulated network's machines and bandwidth
+otherwise), uncalibrated, from a profile of the job on this process's device: examples/s of
+sync, async and SSP (the long run) with rank 1 ``--slowdown`` times slower per step. The
+summary puts it beside what was measured.
+
 ``--invocations N`` repeats the whole grid and prints each figure's median and range.
 """
 from __future__ import annotations
@@ -96,7 +103,8 @@ def run_setting(setting: str, args) -> dict:
 
     kwargs = dict(size=args.size, steps=args.steps, warmup=args.warmup, slow_rank=1, slowdown=args.slowdown,
                   learning_rate=args.learning_rate, batch_size=args.batch_size, eval_batches=args.eval_batches)
-    out = {}
+    out = {"predicted": predicted_outlook(setting, args)}
+    print(f"  {setting} predicted (uncalibrated):\n    " + "\n    ".join(out["predicted"]["lines"]), flush=True)
     for config in CONFIGS:
         call = dict(kwargs, sync=config == "sync", max_staleness=args.ssp if config == "ssp" else None)
         if config != "sync":
@@ -120,6 +128,29 @@ def run_setting(setting: str, args) -> dict:
     print(f"  {setting} sequential SGD (single device, {ranks_of(setting) * args.steps} steps of {args.batch_size}): "
           f"loss {out['sequential_loss']:.4f}", flush=True)
     return out
+
+
+def predicted_outlook(setting: str, args) -> dict:
+    """The cost model's examples/s per configuration for ``setting`` (module docstring)."""
+    import parallax_nb as px
+    from parallax_nb.cost import estimate
+    from parallax_nb.cost.asynchronous import straggler_outlook
+    from parallax_nb.plan import make_plan
+    from parallax_nb.types import ClusterSpec
+    from parallax_nb.workloads import lm_job
+
+    job = lm_job(args.size, optimizer="sgd", learning_rate=args.learning_rate, batch_size=args.batch_size)
+    if setting.startswith("loop"):
+        cluster = ClusterSpec.create(machines=1, workers_per_machine=ranks_of(setting))
+    else:
+        shape, bandwidth = setting.split("@")
+        machines, per_machine = (int(v) for v in shape.split("x"))
+        cluster = ClusterSpec.create(machines=machines, workers_per_machine=per_machine, bandwidth=bandwidth)
+    profile = px.profile(job, steps=10)
+    plan = make_plan(profile, cluster, "ps").with_sync(False, max_staleness=args.ssp)
+    outlook = straggler_outlook(estimate(profile, plan), slowdown=args.slowdown, max_staleness=args.ssp)
+    return {"sync": outlook.sync_examples_per_s, "async": outlook.async_examples_per_s,
+            "ssp": outlook.bounded_examples_per_s, "lines": outlook.lines()}
 
 
 def sequential_loss(args, ranks: int) -> float:
@@ -167,7 +198,11 @@ def summary(invocations: list[dict], args) -> str:
             loss = [100 * (inv[setting][config]["loss"] / inv[setting]["sync"]["loss"] - 1) for inv in invocations]
             label = {"sync": "sync", "async": "async (unbounded)", "ssp": f"SSP k={args.ssp}"}[config]
             trained = [inv[setting][config]["loss"] for inv in invocations]
+            predicted = [inv[setting]["predicted"][config] for inv in invocations]
+            predicted_ratio = [inv[setting]["predicted"][config] / inv[setting]["predicted"]["sync"]
+                               for inv in invocations]
             line = (f"  {label:<18} {fmt(rates)} examples/s   {fmt(ratio, 'x')} sync's   "
+                    f"(predicted {fmt(predicted)}, {fmt(predicted_ratio, 'x')})   "
                     f"loss {fmt(trained)}, {fmt(loss, ' %')} vs sync's")
             if config != "sync":
                 staleness = [100 * (inv[setting][config]["loss"] / inv[setting]["sequential_loss"] - 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from html import escape as html_escape
 import os
+import re
 import subprocess
 import sys
 
@@ -126,9 +127,17 @@ def test_cli_plan_async_writes_an_asynchronous_plan(profile_json, tmp_path):
     assert "asynchronous (max_staleness=2)" in result.stdout
     plan = Plan.from_json(str(out))
     assert (plan.sync, plan.max_staleness) == (False, 2)
-    result = _cli("plan", profile_json, "--machines", 4, "--arch", "ps", "--async", "-o", out)
+    # the outlook of sync against async with one worker 2x slower (the default straggler), bounded by k
+    assert "With 1 worker of 4 2x slower per step" in result.stdout and "max staleness 2" in result.stdout
+    sync, unbounded = (float(re.search(rf"{label} +([0-9.]+) examples/s", result.stdout)[1])
+                       for label in ("synchronous", "asynchronous, unbounded"))
+    assert unbounded > sync > 0
+    result = _cli("plan", profile_json, "--machines", 4, "--arch", "ps", "--async", "--straggler", 3, "-o", out)
     assert result.returncode == 0 and "asynchronous (unbounded)" in result.stdout
+    assert "With 1 worker of 4 3x slower per step" in result.stdout and "max staleness" not in result.stdout
     assert Plan.from_json(str(out)).max_staleness is None
+    synchronous = _cli("plan", profile_json, "--machines", 4, "--arch", "ps", "-o", out)
+    assert synchronous.returncode == 0 and "slower per step" not in synchronous.stdout
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -138,6 +147,11 @@ def test_cli_plan_async_writes_an_asynchronous_plan(profile_json, tmp_path):
     (["--arch", "ps", "--async", "--max-staleness", "-1"], "--max-staleness must be a whole number >= 0, got -1"),
     (["--arch", "ps", "--max-staleness", "2"], "--max-staleness 2 applies to asynchronous training, and --async "
                                                "was not given"),
+    (["--arch", "ps", "--async", "--straggler", "0.5"], "--straggler must be a finite number >= 1 (how many times "
+                                                        "slower the slow worker's step is), got 0.5"),
+    (["--arch", "ps", "--async", "--straggler", "nan"], "--straggler must be a finite number >= 1"),
+    (["--arch", "ps", "--straggler", "2"], "--straggler 2 applies to the outlook of asynchronous training, and "
+                                           "--async was not given"),
 ])
 def test_cli_plan_refuses_bad_sync_flags_and_writes_nothing(profile_json, tmp_path, flags, message):
     out = tmp_path / "plan.json"
@@ -333,8 +347,11 @@ def test_report_says_async_and_max_staleness_and_the_measured_staleness(tmp_path
     assert data["measured"]["staleness"]["per_rank"][0]["mean_steps_ahead"] == pytest.approx(0.5)
     assert any("trains asynchronously (asynchronous, max staleness 1): the estimated step times and bytes above "
                "are of synchronous steps" in a for a in data["assumptions"])
+    outlook = data["plan"]["straggler_outlook"]   # sync against async, one worker 2x slower, bound 1
+    assert outlook[0].startswith("With 1 worker of 2 2x slower per step") and "max staleness 1" in outlook[-1]
     html = open(files.html).read()
     assert "asynchronous, max staleness 1" in html and "<h3>Measured staleness</h3>" in html
+    assert "Synchronous or asynchronous, with a straggler" in html and html_escape(outlook[2].strip()) in html
     assert html_escape(DEFINITION) in html
     assert Tables(html).tables["staleness"] == [["rank", "steps", "mean steps ahead", "max steps ahead"],
                                                 ["0", "4", "0.50", "1"], ["1", "4", "0.00", "0"],
@@ -347,6 +364,7 @@ def test_report_says_async_and_max_staleness_and_the_measured_staleness(tmp_path
     sync_plan = plan.with_sync(True)
     sync_data = report(lm_profile(), sync_plan).to_dict()
     assert sync_data["plan"]["training"] == "synchronous" and sync_data["plan"]["max_staleness"] is None
+    assert "straggler_outlook" not in sync_data["plan"]
     bad = dict(_async_run_summary(plan), max_staleness=-1)
     with pytest.raises(ConfigError, match="field 'max_staleness' must be null or a whole number >= 0, got -1"):
         report(lm_profile(), plan, bad)

@@ -2,6 +2,8 @@
 of sync against async for a straggler profile. Figures worked by hand in the comments."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from parallax_nb.cost.asynchronous import examples_per_s
@@ -69,3 +71,48 @@ def test_exchange_time_adds_to_every_step():
 def test_bad_times_are_refused(compute, exchange):
     with pytest.raises(ConfigError):
         examples_per_s(compute, exchange, 10, sync=False)
+
+
+def _estimate(compute_s: float, comm_s: float, workers: int = 4, batch: int = 10):
+    """An Estimate with only what the outlook reads: cluster, compute, communication, rate."""
+    from parallax_nb.types import Estimate
+
+    step = compute_s + comm_s
+    base = Estimate(architecture="ps", cluster=ClusterSpec(machines=1, workers_per_machine=workers),
+                    bytes_per_machine_per_step=0.0, index_bytes_per_machine_per_step=0.0,
+                    method_bytes_per_machine_per_step={}, sparse_bytes_per_machine_per_step=0.0,
+                    dense_bytes_per_machine_per_step=0.0, messages_per_step=0, compute_time_s=compute_s,
+                    transfer_time_s=comm_s, latency_time_s=0.0, comm_time_s=comm_s, step_time_s=step,
+                    examples_per_s=workers * batch / step)
+    return base
+
+
+def test_the_straggler_outlook_slows_one_workers_whole_step():
+    """Compute 0.08 s + exchange 0.02 s = 0.1 s a step; worker 0 takes 2 x 0.1 = 0.2 s (as
+    bench_async slows its rank 1). Sync: 4 x 10 / 0.2 = 200; async: 3 x 10 / 0.1 + 10 / 0.2
+    = 350; bounded, the long run: the straggler's pace, 200."""
+    from parallax_nb.cost.asynchronous import straggler_outlook
+
+    outlook = straggler_outlook(_estimate(0.08, 0.02), slowdown=2.0, slow_workers=1, max_staleness=2)
+    assert outlook.sync_examples_per_s == pytest.approx(200)
+    assert outlook.async_examples_per_s == pytest.approx(350)
+    assert outlook.bounded_examples_per_s == pytest.approx(200)
+    text = "\n".join(outlook.lines())
+    assert "1 worker of 4 2x slower per step" in text and "1.75x sync" in text and "max staleness 2" in text
+    assert straggler_outlook(_estimate(0.08, 0.02)).bounded_examples_per_s is None   # unbounded: no line
+    # no straggler: async and sync alike (the same exchange priced)
+    same = straggler_outlook(_estimate(0.08, 0.02), slowdown=1.0)
+    assert same.async_examples_per_s == pytest.approx(same.sync_examples_per_s) == pytest.approx(400)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(slowdown=0.5), "slowdown must be a finite number >= 1"),
+    (dict(slowdown=float("nan")), "slowdown must be a finite number >= 1"),
+    (dict(slow_workers=5), "slow_workers must be a whole number from 0 to the plan's 4 workers, got 5"),
+    (dict(max_staleness=-1), "max_staleness must be None (unbounded) or a whole number >= 0, got -1"),
+])
+def test_a_bad_straggler_profile_is_refused_naming_it(kwargs, message):
+    from parallax_nb.cost.asynchronous import straggler_outlook
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        straggler_outlook(_estimate(0.08, 0.02), **kwargs)

@@ -3,12 +3,14 @@ plan from a profile, print the per-variable table, AUTO's reasons and the estima
 architecture and baseline (priced by the calibration, or the defaults: "uncalibrated"), write
 plan.json atomically. A calibration of another cluster shape is refused, naming both shapes.
 ``--async [--max-staleness K]`` makes the plan asynchronous (:mod:`parallax_nb.sync_flags`); a plan with
-AllReduce variables is then refused before anything is written."""
+AllReduce variables is then refused before anything is written. An asynchronous plan's output
+ends with the outlook of synchronous against asynchronous training with one worker
+``--straggler X`` times slower per step (:func:`parallax_nb.cost.asynchronous.straggler_outlook`)."""
 from __future__ import annotations
 
 import argparse
 
-from ..errors import ParallaxError, ProfileError
+from ..errors import ConfigError, ParallaxError, ProfileError
 from ..sync_flags import add_sync_arguments, apply_sync_flags, check_sync_flags
 
 
@@ -28,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--partitions", type=int, default=None,
                         help="partitions of every PS variable (default: one per worker)")
     add_sync_arguments(parser)
+    parser.add_argument("--straggler", type=float, default=None, metavar="X",
+                        help="with --async: the sync/async outlook assumes one worker X times slower per step "
+                             "(default 2)")
     parser.add_argument("-o", "--output", default=None, help="where to write plan.json")
 
 
@@ -57,6 +62,13 @@ def main(args: argparse.Namespace) -> int:
     from ..types import ClusterSpec, Profile
 
     check_sync_flags(args)
+    straggler = 2.0 if args.straggler is None else args.straggler
+    if not (straggler >= 1 and straggler < float("inf")):
+        raise ConfigError(f"--straggler must be a finite number >= 1 (how many times slower the slow worker's "
+                          f"step is), got {straggler}", hint="e.g. --straggler 2 for one worker 2x slower")
+    if args.straggler is not None and not args.asynchronous:
+        raise ConfigError(f"--straggler {straggler:g} applies to the outlook of asynchronous training, and "
+                          f"--async was not given", hint="add --async, or drop --straggler")
     cluster = ClusterSpec.create(machines=args.machines, workers_per_machine=args.workers_per_machine,
                                  bandwidth=args.bandwidth, latency_s=args.latency_us * 1e-6,
                                  local_aggregation=not args.no_local_aggregation)
@@ -79,6 +91,11 @@ def main(args: argparse.Namespace) -> int:
           f"{own.calibration}):")
     print(totals_table(compare_architectures(profile, plan.cluster, include_horovod=True, calibration=calibration),
                        own))
+    if not plan.sync and plan.cluster.workers > 1:
+        from ..cost.asynchronous import straggler_outlook
+
+        print()
+        print("\n".join(straggler_outlook(own, straggler, max_staleness=plan.max_staleness).lines()))
     if args.output:
         plan.to_json(args.output)
         print(f"\nwrote {args.output}")

@@ -234,6 +234,11 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
         data["assumptions"].append(f"The plan trains asynchronously ({describe_sync(plan.sync, plan.max_staleness)}): "
                                    "the estimated step times and bytes above are of synchronous steps; an "
                                    "asynchronous worker does not wait for the slowest at each step.")
+        if cluster.workers > 1:
+            from ..cost.asynchronous import straggler_outlook
+
+            data["plan"]["straggler_outlook"] = straggler_outlook(plan_estimate,
+                                                                  max_staleness=plan.max_staleness).lines()
     if run_summary is not None:
         data["measured"] = measured_against_predicted(profile, plan, run_summary, calibration)
         if run_summary.get("batch_norm", {}).get("statistics") == "per rank":

@@ -132,6 +132,11 @@ def _overview(data: dict) -> str:
     if plan.get("explanations"):
         items = "".join(f"<li>{esc(line)}</li>" for line in plan["explanations"])
         why = f'<h2>Why AUTO chose this plan</h2><ul class="assumptions explanations">{items}</ul>'
+    if plan.get("straggler_outlook"):
+        head, *modes = plan["straggler_outlook"]
+        items = "".join(f"<li>{esc(line.strip())}</li>" for line in modes)
+        why += (f'<h2>Synchronous or asynchronous, with a straggler</h2><p>{esc(head)}</p>'
+                f'<ul class="assumptions straggler-outlook">{items}</ul>')
     return f'<div class="cards">{"".join(cards)}</div>{why}'
 
 
