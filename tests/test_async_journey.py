@@ -230,11 +230,20 @@ def test_planner_view_toggle_and_field_drive_the_model_and_show_its_error():
     view = PlannerView(planner)
     assert view.sync.value is True and view.max_staleness.disabled and view.max_staleness.value == ""
     assert "synchronous" in view.summary.value and "every step ends at a barrier" in view.summary.value
+    assert "slower per step" not in view.summary.value
     view.sync.value = False
     assert planner.sync is False and not planner.plan.sync and not view.max_staleness.disabled
     view.max_staleness.value = "1"
     assert planner.plan.max_staleness == 1
     assert "asynchronous, max staleness 1" in view.summary.value
+    # the outlook with a straggler, the same figures as the CLI's and the report's
+    from parallax_nb.cost.asynchronous import straggler_outlook
+
+    o = straggler_outlook(planner.estimate, max_staleness=1)
+    assert o.async_examples_per_s > o.sync_examples_per_s == o.bounded_examples_per_s
+    assert (f"With one worker 2x slower per step: sync {o.sync_examples_per_s:,.0f}, async "
+            f"{o.async_examples_per_s:,.0f} examples/s ({o.async_examples_per_s / o.sync_examples_per_s:.2f}x), "
+            f"max staleness 1: {o.bounded_examples_per_s:,.0f} in the long run") in view.summary.value
     view.architecture.value = "hybrid"
     assert view.error.layout.display is None
     assert "asynchronous training applies to PS variables only" in view.error.value

@@ -67,8 +67,24 @@ def render_summary(planner: Planner) -> str:
                    css_class="parallax-speedup-ps", mark=_speedup_mark(planner.speedup_vs_ps)),
         style.card("training", describe_sync(planner.plan.sync, planner.plan.max_staleness),
                    "every step ends at a barrier" if planner.plan.sync else
-                   "PS without a barrier; times above are of synchronous steps", css_class="parallax-sync"),
+                   "PS without a barrier; times above are of synchronous steps" + _straggler_note(planner),
+                   css_class="parallax-sync"),
     ])
+
+
+def _straggler_note(planner: Planner) -> str:
+    """An asynchronous plan's outlook with one worker 2x slower per step (sync, async and the
+    bound's examples/s, :func:`parallax_nb.cost.asynchronous.straggler_outlook`); "" on one worker."""
+    if planner.plan.cluster.workers < 2:
+        return ""
+    from ..cost.asynchronous import straggler_outlook
+
+    o = straggler_outlook(planner.estimate, max_staleness=planner.plan.max_staleness)
+    note = (f". With one worker 2x slower per step: sync {o.sync_examples_per_s:,.0f}, async "
+            f"{o.async_examples_per_s:,.0f} examples/s ({o.async_examples_per_s / o.sync_examples_per_s:.2f}x)")
+    if o.bounded_examples_per_s is not None:
+        note += f", max staleness {o.max_staleness}: {o.bounded_examples_per_s:,.0f} in the long run"
+    return note
 
 
 def render_table(planner: Planner) -> str:
