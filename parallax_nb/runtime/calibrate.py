@@ -220,7 +220,7 @@ def _chained(call, chain: int):
 def _collective_calls(hvd, hierarchy) -> dict:
     """``{"op/scope": call(x, i)}`` over all ranks and, with a hierarchy, within a machine and
     across machines as the runtime's local-aggregation steps issue them (:func:`_chained`
-    makes a chain of one)."""
+    chains them)."""
     import tensorflow as tf
 
     W = hvd.size()
