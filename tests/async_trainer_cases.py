@@ -249,3 +249,26 @@ def killed_rank_job():
     """For ``python -m parallax_nb run --async``: the constant-gradient job whose rank KILL_RANK
     is SIGKILLed in step KILL_AT_STEP."""
     return constant_gradient_job().replace(data=_killing_data, name="constant_gradient_killed")
+
+
+def sigkilled_case(marker_dir: str, steps: int, kill_rank: int, kill_step: int) -> dict:
+    """For ``launch.run_on_ranks``: asynchronous training (max_staleness 2) in which rank
+    ``kill_rank`` SIGKILLs its own process after step ``kill_step``, writing the time first
+    (``killed_at``); every rank writes its pid (``pid-<rank>``)."""
+    import os
+    import signal
+
+    from parallax_nb.runtime.trainer import Trainer
+
+    trainer = Trainer(constant_gradient_job(), _constant_plan(2, 2))
+    with open(os.path.join(marker_dir, f"pid-{trainer.rank}"), "w") as f:
+        f.write(str(os.getpid()))
+
+    def on_step(record):
+        if trainer.rank == kill_rank and record.step == kill_step:
+            with open(os.path.join(marker_dir, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.run(steps, on_step=on_step, step_timeout_s=120)
+    return {"rank": trainer.rank}

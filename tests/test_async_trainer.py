@@ -235,8 +235,6 @@ def test_a_sigkilled_rank_is_named_within_10_s_and_nothing_is_left(tmp_path):
     import subprocess
     import sys
 
-    import psutil
-
     from conftest import REPO
     from parallax_nb.plan import plan_for_kinds
 
@@ -259,6 +257,14 @@ def test_a_sigkilled_rank_is_named_within_10_s_and_nothing_is_left(tmp_path):
                      rf"signal 9 \(SIGKILL\)", message), message
     assert took < NAMED_WITHIN_S, f"{took:.1f} s from the SIGKILL to the launcher's error"
     pids = [int((markers / f"pid-{r}").read_text()) for r in range(3)]
+    assert not _alive(pids), f"ranks left running after the launcher returned: {_alive(pids)}"
+    assert not (out / "model.keras").exists()
+    print(f"\nasync, rank 1 SIGKILLed in step 4: named {took:.1f} s later: {message.splitlines()[0]}")
+
+
+def _alive(pids: list[int]) -> list[int]:
+    import psutil
+
     left = []
     for pid in pids:
         try:
@@ -266,6 +272,23 @@ def test_a_sigkilled_rank_is_named_within_10_s_and_nothing_is_left(tmp_path):
                 left.append(pid)
         except psutil.NoSuchProcess:
             pass
-    assert not left, f"ranks left running after the launcher returned: {left}"
-    assert not (out / "model.keras").exists()
-    print(f"\nasync, rank 1 SIGKILLed in step 4: named {took:.1f} s later: {message.splitlines()[0]}")
+    return left
+
+
+def test_a_sigkilled_rank_under_run_on_ranks_is_named_within_10_s(tmp_path):
+    """The same through ``launch.run_on_ranks`` on 2 ranks: rank 1 SIGKILLs itself after step 4."""
+    import re
+
+    from parallax_nb.errors import DistributedError
+    from parallax_nb.launch import run_on_ranks
+
+    with pytest.raises(DistributedError) as info:
+        run_on_ranks(cases.sigkilled_case, 2, args=(str(tmp_path), 40, 1, 4), timeout_s=240)
+    took = time.time() - float((tmp_path / "killed_at").read_text())
+    message = str(info.value)
+    assert re.search(rf"rank 1 of 2 on host {re.escape(socket.gethostname())}\S* died: killed by signal 9 \(SIGKILL\)",
+                     message), message[-3000:]
+    assert took < NAMED_WITHIN_S, f"{took:.1f} s from the SIGKILL to the error"
+    pids = [int((tmp_path / f"pid-{r}").read_text()) for r in range(2)]
+    assert not _alive(pids), f"ranks left running: {_alive(pids)}"
+    print(f"\nrun_on_ranks, async, rank 1 SIGKILLed after step 4: named {took:.1f} s later: {message.splitlines()[0]}")
