@@ -44,9 +44,11 @@ def launched(tmp_path_factory):
     communicators allocated)."""
     from parallax_nb.launch import run_on_ranks
 
-    done = {}
+    done, failed = {}, {}
 
     def launch(ranks: int, partitions: int) -> list[list[dict]]:
+        if ranks in failed:   # not launched again for every test that needs it
+            raise failed[ranks]
         if ranks not in done:
             directory = tmp_path_factory.mktemp(f"async-ckpt-{ranks}")
             plan = [("constant_gradient_case", dict(steps=STEPS, partitions=partitions, max_staleness=k, slow_rank=1,
@@ -54,7 +56,11 @@ def launched(tmp_path_factory):
             plan += [("checkpoint_case", dict(CKPT, partitions=partitions, directory=str(directory))),
                      ("failing_step_case", dict(FAIL, partitions=partitions))]
             start = time.perf_counter()
-            per_rank = run_on_ranks(cases.run_cases, ranks, args=(plan,), timeout_s=420)
+            try:
+                per_rank = run_on_ranks(cases.run_cases, ranks, args=(plan,), timeout_s=420)
+            except Exception as e:
+                failed[ranks] = e
+                raise
             print(f"\n{ranks}-rank launch: {time.perf_counter() - start:.1f} s")
             done[ranks] = [list(case) for case in zip(*per_rank)]
         return done[ranks]

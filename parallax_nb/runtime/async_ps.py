@@ -587,6 +587,14 @@ class AsyncPS:
             raise DistributedError(f"rank {self.rank}'s asynchronous PS gave up earlier ({self._failed.message})",
                                    hint="close() it: after a timeout a late reply could answer a later request")
 
+    def raise_failure(self) -> None:
+        """Raise what ended this instance, if anything did: another rank's failure, a wait that
+        timed out, or the serving thread's error (for a caller that met it wrapped, e.g. by
+        TensorFlow around a pull made inside a step)."""
+        self._raise_server_error()
+        if self._failed is not None:
+            raise DistributedError(self._failed.message, hint=self._failed.hint)
+
     def _raise_peer_error(self) -> None:
         error = self._peer_error
         if error is not None:   # a fresh exception each time: its traceback is this call's

@@ -67,7 +67,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, progress
-from ..errors import ConfigError, JobError, ParallaxError, PlanError
+from ..errors import ConfigError, DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
@@ -406,10 +406,25 @@ class Trainer:
         try:
             yield
         except (tf.errors.InvalidArgumentError, ValueError) as e:
+            self._raise_async_failure()
             error = guards.id_error(e, self.step + 1, self.rank) or layer_name_error(e)
             if error is None:
                 raise
             raise JobError(error.message, hint=error.hint) from None
+        except tf.errors.OpError:
+            self._raise_async_failure()
+            raise
+
+    def _raise_async_failure(self) -> None:
+        """Asynchronous: the :class:`DistributedError` that ended this rank's PS (another rank
+        failed, a wait timed out), when a pull inside the step (a ``tf.numpy_function``) met
+        it and TensorFlow wrapped it in one of its own errors."""
+        if self.server is None:
+            return
+        try:
+            self.server.raise_failure()
+        except DistributedError as failure:
+            raise failure from None
 
     # ------------------------------------------------------------------ gathering
     def gather_partitions(self, sync: VariableSync, local: dict[int, np.ndarray], tag: str) -> np.ndarray:
