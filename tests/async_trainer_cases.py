@@ -180,21 +180,28 @@ def nan_labels_job(fail_rank: int, fail_step: int):
                batch_size=BATCH, name="constant_gradient_nan")
 
 
-def failing_step_case(steps: int, partitions: int, fail_rank: int, fail_step: int) -> dict:
-    """Asynchronous training, unbounded staleness, where rank ``fail_rank``'s step ``fail_step``
-    raises (its NaN guard). Every rank records the error it ended with (class, message, wall
-    time), and which asynchronous serving threads are still alive afterwards."""
+def failing_step_case(steps: int, partitions: int, fail_rank: int, fail_step: int, how: str = "nan") -> dict:
+    """Asynchronous training, unbounded staleness, where rank ``fail_rank`` fails in step
+    ``fail_step``: ``how`` "nan": its loss is NaN, its NaN guard raises; "callback": its
+    ``on_step`` raises a plain RuntimeError after that step. Every rank records the error it
+    ended with (class, message, wall time), and which asynchronous serving threads are still
+    alive afterwards."""
     import threading
 
-    from parallax_nb.errors import ParallaxError
     from parallax_nb.runtime.trainer import Trainer
 
-    trainer = Trainer(nan_labels_job(fail_rank, fail_step), _constant_plan(partitions, None))
+    job = nan_labels_job(fail_rank, fail_step) if how == "nan" else constant_gradient_job()
+    trainer = Trainer(job, _constant_plan(partitions, None))
+
+    def on_step(record):
+        if how == "callback" and trainer.rank == fail_rank and record.step == fail_step:
+            raise RuntimeError(f"the user's callback failed at step {record.step}")
+
     out = {"rank": trainer.rank, "error": None, "message": None, "raised_at": None}
     try:
-        result = trainer.run(steps, step_timeout_s=120)
+        result = trainer.run(steps, on_step=on_step, step_timeout_s=120)
         out["steps_done"] = result.steps_done
-    except ParallaxError as e:
+    except Exception as e:  # noqa: BLE001 - what each rank ended with is the result
         out.update(error=type(e).__name__, message=str(e), raised_at=time.time(), steps_done=trainer.step)
     out["servers_alive"] = [t.name for t in threading.enumerate() if t.name.startswith("px-async-ps-server")]
     out["server_released"] = trainer.server is None

@@ -13,9 +13,9 @@ Horovod over Open MPI: one launch per rank count (1, 2, 3).
   worker's steps before it)``; a run resumed from one ends exactly where the exactly-once
   expectation of all its steps is; a stop asked by one rank stops every rank together at the
   next checkpoint.
-* A step that raises on one rank (its NaN guard), last in those launches: that rank ends with
-  its NumericError, every other rank with a DistributedError naming it and its host within
-  10 s, and no rank has a serving thread left.
+* A step that raises on one rank (its NaN guard; its ``on_step`` callback), last in those
+  launches: that rank ends with its own error, every other rank with a DistributedError
+  naming it, its host and its error within 10 s, and no rank has a serving thread left.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ BOUNDS = (0, 1, None)
 RANKS_PARTITIONS = [(2, 3), (3, 2)]   # a rank owning two partitions; one owning none
 CKPT = dict(steps=6, resume_to=8, stop_from=3, every=2, max_staleness=None, slow_rank=1, slow_s=0.03)
 FAIL = dict(steps=30, fail_rank=1, fail_step=3)
+FAILURES = ("nan", "callback")
 NAMED_WITHIN_S = 10.0
 
 
@@ -53,8 +54,8 @@ def launched(tmp_path_factory):
             directory = tmp_path_factory.mktemp(f"async-ckpt-{ranks}")
             plan = [("constant_gradient_case", dict(steps=STEPS, partitions=partitions, max_staleness=k, slow_rank=1,
                                                     slow_s=0.03)) for k in BOUNDS]
-            plan += [("checkpoint_case", dict(CKPT, partitions=partitions, directory=str(directory))),
-                     ("failing_step_case", dict(FAIL, partitions=partitions))]
+            plan += [("checkpoint_case", dict(CKPT, partitions=partitions, directory=str(directory)))]
+            plan += [("failing_step_case", dict(FAIL, partitions=partitions, how=how)) for how in FAILURES]
             start = time.perf_counter()
             try:
                 per_rank = run_on_ranks(cases.run_cases, ranks, args=(plan,), timeout_s=420)
@@ -213,14 +214,21 @@ def test_a_stop_asked_by_one_rank_stops_every_rank_at_the_next_checkpoint(launch
     _assert_exactly(_single_device(paths[-1])[1], ranks, at, paths[-1])
 
 
+@pytest.mark.parametrize("how", FAILURES)
 @pytest.mark.parametrize("ranks, partitions", RANKS_PARTITIONS)
-def test_a_step_that_raises_on_one_rank_ends_every_rank_naming_it(launched, ranks, partitions):
-    records = launched(ranks, partitions)[len(BOUNDS) + 1]
+def test_a_step_that_raises_on_one_rank_ends_every_rank_naming_it(launched, ranks, partitions, how):
+    records = launched(ranks, partitions)[len(BOUNDS) + 1 + FAILURES.index(how)]
     fail_rank, fail_step = FAIL["fail_rank"], FAIL["fail_step"]
     failed = records[fail_rank]
-    assert failed["error"] == "NumericError", failed
-    assert f"step {fail_step}: the loss is not finite (NaN or inf) on rank(s) [{fail_rank}]" in failed["message"]
-    assert failed["steps_done"] == fail_step - 1
+    if how == "nan":
+        assert failed["error"] == "NumericError", failed
+        assert f"step {fail_step}: the loss is not finite (NaN or inf) on rank(s) [{fail_rank}]" in failed["message"]
+        assert failed["steps_done"] == fail_step - 1
+        cause = f"NumericError: step {fail_step}: the loss is not finite"
+    else:
+        assert (failed["error"], failed["message"]) == ("RuntimeError", f"the user's callback failed at step {fail_step}")
+        assert failed["steps_done"] == fail_step
+        cause = f"RuntimeError: the user's callback failed at step {fail_step}"
     host = socket.gethostname()
     for r in records:
         assert r["servers_alive"] == [] and r["server_released"], r
@@ -228,7 +236,7 @@ def test_a_step_that_raises_on_one_rank_ends_every_rank_naming_it(launched, rank
             continue
         assert r["error"] == "DistributedError", r
         assert (f"rank {r['rank']} stopped: rank {fail_rank} on host {host} failed during asynchronous training: "
-                f"NumericError: step {fail_step}: the loss is not finite") in r["message"], r["message"]
+                f"{cause}") in r["message"], r["message"]
         assert abs(r["raised_at"] - failed["raised_at"]) < NAMED_WITHIN_S, (r["raised_at"] - failed["raised_at"])
 
 
