@@ -342,6 +342,34 @@ def test_nan_on_engines_stops_the_run_naming_the_step(cluster):
     assert the_run.steps_done < 6
 
 
+def test_async_step_that_raises_on_one_engine_fails_the_run_naming_that_rank(cluster):
+    """Asynchronous training on 2 engines, rank 1's loss NaN in step 3: rank 1 raises its
+    NumericError and aborts its server, rank 0 stops naming it; the run's error is rank 1's
+    (the one that failed first), not rank 0's, nothing hangs, and the engines stay up."""
+    import cloudpickle
+
+    import async_trainer_cases as atc
+    from parallax_nb.cluster import run
+
+    pids = [e.pid for e in cluster.start().engines]
+    cloudpickle.register_pickle_by_value(atc)   # tests/ is not importable on the engines
+    try:
+        the_run = run(atc.nan_labels_job(1, 3), atc._constant_plan(2, None), engines=2, steps=30, cluster=cluster,
+                      display=False, wait=False, failure_grace_s=2.0, step_timeout_s=60.0)
+    finally:
+        try:
+            cloudpickle.unregister_pickle_by_value(atc)
+        except ValueError:
+            pass
+    start = time.monotonic()
+    assert _wait_or_abort(the_run, 90, None, abort_after_s=90), "the asynchronous run hung after rank 1 failed"
+    took = time.monotonic() - start
+    _assert_clean_error(the_run.error, r"^rank 1 \(engine \d+ on host \S+\) failed: NumericError: step 3: the loss is "
+                                       r"not finite \(NaN or inf\) on rank\(s\) \[1\]", "async NaN on one engine")
+    assert [e.pid for e in cluster.engines] == pids and cluster.alive()
+    print(f"\nasync NaN on engine rank 1: run failed {took:.1f} s after it started")
+
+
 def test_cluster_is_usable_after_bad_input(cluster, job, plan):
     from parallax_nb.cluster import run
 
