@@ -279,3 +279,23 @@ def sigkilled_case(marker_dir: str, steps: int, kill_rank: int, kill_step: int) 
 
     trainer.run(steps, on_step=on_step, step_timeout_s=120)
     return {"rank": trainer.rank}
+
+
+def _slow_data(shard_index: int, num_shards: int, pause_s: float = 0.05):
+    """The constant-gradient examples of one shard, each after ``pause_s`` (a step of 4 takes
+    0.2 s: slow enough for a test to kill a rank mid-run)."""
+    import tensorflow as tf
+
+    ids = example_ids()[shard_index::num_shards]
+
+    def generate():
+        for row in ids:
+            time.sleep(pause_s)
+            yield row, np.float32(0.0)
+
+    spec = (tf.TensorSpec((IDS_PER_EXAMPLE,), tf.int32), tf.TensorSpec((), tf.float32))
+    return tf.data.Dataset.from_generator(generate, output_signature=spec)
+
+
+def slow_constant_gradient_job():
+    return constant_gradient_job().replace(data=_slow_data, name="constant_gradient_slow")

@@ -370,6 +370,44 @@ def test_async_step_that_raises_on_one_engine_fails_the_run_naming_that_rank(clu
     print(f"\nasync NaN on engine rank 1: run failed {took:.1f} s after it started")
 
 
+def test_async_sigkilled_engine_is_named_within_10_s_and_nothing_is_left(cluster):
+    """Asynchronous training (max_staleness 2) on 2 engines, steps slowed by the data to 0.2 s;
+    the test SIGKILLs rank 1's engine after step 3: the run fails within 10 s naming rank 1
+    and its host, the old engines, nannies and mpiexec are gone, and the cluster restarts."""
+    import cloudpickle
+
+    import async_trainer_cases as atc
+    from parallax_nb.cluster import run
+
+    cluster.start()
+    cloudpickle.register_pickle_by_value(atc)   # tests/ is not importable on the engines
+    try:
+        the_run = run(atc.slow_constant_gradient_job(), atc._constant_plan(2, 2), engines=2, steps=300,
+                      cluster=cluster, display=False, wait=False, failure_grace_s=5.0)
+    finally:
+        try:
+            cloudpickle.unregister_pickle_by_value(atc)
+        except ValueError:
+            pass
+    _wait_for_steps(the_run, 3)
+    victim = cluster.engines[1]
+    before = _cluster_pids(cluster, include_controller=False)
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    the_run.wait(timeout=60, raise_on_error=False)
+    failed_after_s = time.monotonic() - killed_at
+    left = _wait_gone(before, 20)
+    assert the_run.status == "failed" and isinstance(the_run.error, DistributedError), the_run
+    message = str(the_run.error)
+    assert "rank 1" in message and victim.host in message and re.search(r"SIGKILL|signal 9", message), message
+    assert failed_after_s < 10.0, f"the async run failed {failed_after_s:.1f} s after the SIGKILL"
+    assert not left, f"still running after the rank died: {left}"
+    cluster.start()
+    assert cluster.alive()
+    print(f"\nasync, SIGKILL of engine rank 1 after step {the_run.steps_done}: failed {failed_after_s:.1f} s later: "
+          f"{message.splitlines()[0]}")
+
+
 def test_cluster_is_usable_after_bad_input(cluster, job, plan):
     from parallax_nb.cluster import run
 

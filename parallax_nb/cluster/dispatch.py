@@ -118,20 +118,26 @@ class RunController:
             self.run.add_records([data[k] for k in new], rank=rank)
 
     def _check_failures(self) -> None:
-        """The failure to report: of the tasks that failed so far, the one its engine finished
-        first (then the lowest rank). The rank that raised first is the cause; others may
-        have failed because of it (asynchronous peers stop naming it), possibly within the
-        same poll. The time the first failure was seen is kept."""
-        failed = []
+        """The failure to report, of the tasks that failed so far: the one its engine finished
+        first (then the lowest rank), unless that one names another failed rank as its cause
+        (an asynchronous peer that stopped because a rank aborted,
+        :func:`~parallax_nb.runtime.async_ps.failed_peer`): then that rank's own. Both can end
+        within one poll, in either order. The time the first failure was seen is kept."""
+        from ..runtime.async_ps import failed_peer
+
+        failed = {}
         for rank, ar in enumerate(self.async_results):
             if ar.ready():
                 try:
                     ar.get(0)
                 except Exception as e:
-                    failed.append((_completed_s(ar), rank, e))
+                    failed[rank] = (_completed_s(ar), rank, e)
         if not failed:
             return
-        _, rank, exc = min(failed, key=lambda f: (f[0], f[1]))
+        _, rank, exc = min(failed.values(), key=lambda f: (f[0], f[1]))
+        cause = failed_peer(str(getattr(exc, "evalue", exc)))
+        if cause in failed:
+            _, rank, exc = failed[cause]
         seen = self._first_error[0] if self._first_error is not None else time.monotonic()
         self._first_error = (seen, rank, exc)
 

@@ -118,6 +118,7 @@ per partition fits the same place.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -663,8 +664,8 @@ class AsyncPS:
             text, host = payload
             with self._state:
                 self._peer_error = DistributedError(
-                    f"rank {self.rank} stopped: rank {source} on host {host} failed during asynchronous training: "
-                    f"{text}", hint=f"rank {source}'s error is the cause; every rank of the job stopped")
+                    f"rank {self.rank} stopped: rank {source} on host {host} {_PEER_FAILED} {text}",
+                    hint=f"rank {source}'s error is the cause; every rank of the job stopped")
                 self._state.notify_all()
         return []
 
@@ -737,3 +738,13 @@ class AsyncPS:
 
 #: the clock of a worker that said done: it never holds anyone back again
 _FINISHED = float("inf")
+_PEER_FAILED = "failed during asynchronous training:"
+_CAUSED_BY = re.compile(r"rank \d+ stopped: rank (\d+) on host \S+ " + re.escape(_PEER_FAILED))
+
+
+def failed_peer(message: str) -> int | None:
+    """The rank whose failure ``message`` reports as its cause, when it is the error a rank
+    raises after another rank aborted (:meth:`AsyncPS.abort`); else None. Launchers use it to
+    report the rank that failed first rather than one that stopped because of it."""
+    found = _CAUSED_BY.search(message or "")
+    return int(found.group(1)) if found else None
