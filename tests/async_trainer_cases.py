@@ -299,3 +299,8 @@ def _slow_data(shard_index: int, num_shards: int, pause_s: float = 0.05):
 
 def slow_constant_gradient_job():
     return constant_gradient_job().replace(data=_slow_data, name="constant_gradient_slow")
+
+
+def nan_on_rank_1_job():
+    """For ``python -m parallax_nb run --async``: rank 1's loss is NaN in step 3."""
+    return nan_labels_job(1, 3)

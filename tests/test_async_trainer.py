@@ -306,3 +306,45 @@ def test_a_sigkilled_rank_under_run_on_ranks_is_named_within_10_s(tmp_path):
     pids = [int((tmp_path / f"pid-{r}").read_text()) for r in range(2)]
     assert not _alive(pids), f"ranks left running: {_alive(pids)}"
     print(f"\nrun_on_ranks, async, rank 1 SIGKILLed after step 4: named {took:.1f} s later: {message.splitlines()[0]}")
+
+
+def test_cli_async_nan_on_one_rank_names_that_rank(tmp_path):
+    """``python -m parallax_nb run --async`` on 2 ranks, rank 1's loss NaN in step 3: the
+    launcher's error is rank 1's NumericError (rank 0, stopped by rank 1's abort, may have
+    written its own error too: it names rank 1 and comes after it)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from parallax_nb.plan import plan_for_kinds
+
+    plan, out = tmp_path / "plan.json", tmp_path / "out"
+    plan_for_kinds({cases.TABLE: "sparse", cases.BIAS: "dense"}, "ps", partitions=2,
+                   model_name="constant_gradient").to_json(str(plan))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]))
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "parallax_nb", "run", "async_trainer_cases:nan_on_rank_1_job",
+                             "--plan", str(plan), "--np", "2", "--steps", "30", "--output", str(out), "--async",
+                             "--timeout", "240"], cwd=REPO / "tests", env=env, capture_output=True, text=True,
+                            timeout=300)
+    took = time.monotonic() - start
+    assert result.returncode == 2, result.stderr[-3000:]
+    message = result.stderr[result.stderr.rindex("parallax_nb run: error:"):]
+    assert ("rank 1 of 2 failed:\nNumericError: step 3: the loss is not finite (NaN or inf) on rank(s) [1]"
+            in message), message
+    assert not (out / "model.keras").exists()
+    print(f"\nCLI async NaN on rank 1: the run ended in {took:.1f} s: {message.splitlines()[0]}")
+
+
+def test_failures_caused_by_another_rank_come_after_it(tmp_path):
+    """The launchers' order of the ranks' error files: a rank that stopped because another
+    failed (its message says so) comes after that rank even when it wrote first."""
+    from parallax_nb.failures import failed_peer, peer_failure_message, read_failures
+
+    caused = peer_failure_message(0, 1, "vm", "NumericError: step 3: the loss is not finite")
+    (tmp_path / "error-0.txt").write_text(f"100.0\nDistributedError: {caused}\n")
+    (tmp_path / "error-1.txt").write_text("100.5\nNumericError: step 3: the loss is not finite\n")
+    (tmp_path / "error-2.txt").write_text("100.2\nDistributedError: rank 2 waited 60 s for rank 3\n")
+    assert [rank for rank, _, _ in read_failures(str(tmp_path))] == [2, 1, 0]
+    assert failed_peer(caused) == 1 and failed_peer("rank 2 waited 60 s for rank 3") is None

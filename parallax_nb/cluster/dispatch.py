@@ -121,9 +121,9 @@ class RunController:
         """The failure to report, of the tasks that failed so far: the one its engine finished
         first (then the lowest rank), unless that one names another failed rank as its cause
         (an asynchronous peer that stopped because a rank aborted,
-        :func:`~parallax_nb.runtime.async_ps.failed_peer`): then that rank's own. Both can end
+        :func:`~parallax_nb.failures.failed_peer`): then that rank's own. Both can end
         within one poll, in either order. The time the first failure was seen is kept."""
-        from ..runtime.async_ps import failed_peer
+        from ..failures import failed_peer
 
         failed = {}
         for rank, ar in enumerate(self.async_results):

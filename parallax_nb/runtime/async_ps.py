@@ -118,7 +118,6 @@ per partition fits the same place.
 """
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -126,6 +125,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DistributedError, PlanError, SetupError
+from ..failures import peer_failure_message
 from .partitioning import RowPartitioning
 
 #: the serving thread and a waiting worker poll MPI and sleep between polls, from
@@ -663,9 +663,9 @@ class AsyncPS:
         elif tag == ABORT:
             text, host = payload
             with self._state:
-                self._peer_error = DistributedError(
-                    f"rank {self.rank} stopped: rank {source} on host {host} {_PEER_FAILED} {text}",
-                    hint=f"rank {source}'s error is the cause; every rank of the job stopped")
+                self._peer_error = DistributedError(peer_failure_message(self.rank, source, host, text),
+                                                    hint=f"rank {source}'s error is the cause; every rank of the job "
+                                                         "stopped")
                 self._state.notify_all()
         return []
 
@@ -738,13 +738,3 @@ class AsyncPS:
 
 #: the clock of a worker that said done: it never holds anyone back again
 _FINISHED = float("inf")
-_PEER_FAILED = "failed during asynchronous training:"
-_CAUSED_BY = re.compile(r"rank \d+ stopped: rank (\d+) on host \S+ " + re.escape(_PEER_FAILED))
-
-
-def failed_peer(message: str) -> int | None:
-    """The rank whose failure ``message`` reports as its cause, when it is the error a rank
-    raises after another rank aborted (:meth:`AsyncPS.abort`); else None. Launchers use it to
-    report the rank that failed first rather than one that stopped because of it."""
-    found = _CAUSED_BY.search(message or "")
-    return int(found.group(1)) if found else None
