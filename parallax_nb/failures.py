@@ -8,6 +8,7 @@ the failure in seconds, then the text.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import traceback
@@ -23,15 +24,36 @@ def mpi_rank() -> int:
     return 0
 
 
+#: how a rank says it stopped because another rank failed (asynchronous training: the failed
+#: rank's abort, :meth:`parallax_nb.runtime.async_ps.AsyncPS.abort`)
+_PEER_FAILED = "failed during asynchronous training:"
+_CAUSED_BY = re.compile(r"rank \d+ stopped: rank (\d+) on host \S+ " + re.escape(_PEER_FAILED))
+
+
+def peer_failure_message(rank: int, peer: int, host: str, text: str) -> str:
+    """The message of rank ``rank`` stopping because rank ``peer`` on ``host`` failed with ``text``."""
+    return f"rank {rank} stopped: rank {peer} on host {host} {_PEER_FAILED} {text}"
+
+
+def failed_peer(message: str) -> int | None:
+    """The rank a :func:`peer_failure_message` in ``message`` names as the cause, else None.
+    Launchers report that rank's own failure rather than one that followed from it (both can
+    end within a moment, in either order)."""
+    found = _CAUSED_BY.search(message or "")
+    return int(found.group(1)) if found else None
+
+
 def read_failures(workdir: str) -> list[tuple[int, float, str]]:
-    """(rank, time, traceback) of every rank that wrote an error file, earliest first."""
+    """(rank, time, traceback) of every rank that wrote an error file, earliest first; a
+    failure caused by another rank's that is also here (:func:`failed_peer`) comes after it."""
     failures = []
     for name in os.listdir(workdir):
         if name.startswith("error-") and name.endswith(".txt"):
             with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
                 first, _, text = f.read().partition("\n")
             failures.append((int(name[6:-4]), float(first or 0), text))
-    return sorted(failures, key=lambda f: (f[1], f[0]))
+    ranks = {rank for rank, _, _ in failures}
+    return sorted(failures, key=lambda f: (failed_peer(f[2]) in ranks, f[1], f[0]))
 
 
 def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:

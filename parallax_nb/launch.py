@@ -8,7 +8,8 @@ Two entry points:
   when running as root, and ``-x`` for the environment variables ranks on other hosts need.
 * :func:`run_on_ranks` cloudpickles a function, runs it on every rank under ``mpirun`` and
   returns the list of per-rank return values, or raises :class:`DistributedError` naming the
-  failing rank with its traceback.
+  failing rank with its traceback (or, for a rank that died without one, its host and the
+  signal or exit code Open MPI reported, as the command line does).
 
 Failure semantics: a rank that raises writes its traceback to ``error-<rank>.txt`` and to
 stderr, then leaves with ``os._exit(1)`` (no atexit hooks that could block in a collective);
@@ -304,6 +305,13 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
             raise DistributedError(f"{np}-rank job did not finish within {timeout_s:g} s and was killed; "
                                    f"last output:\n{_tail(output)}",
                                    hint="a rank may hang in a collective: pass step_timeout_s to train()")
+        culprit = mpi_exit_culprit(output) if proc.returncode != 0 else None
+        if culprit is not None:   # a rank that died without a word (SIGKILL, a crash): as the CLI names it
+            rank, host, how = culprit
+            raise DistributedError(f"rank {rank} of {np} on host {host or '?'} died: {how} (mpirun exited with "
+                                   f"status {proc.returncode})",
+                                   hint="SIGKILL (9) often means out of memory: see `dmesg`; the other ranks were "
+                                        "stopped")
         results = []
         for rank in range(np):
             path = os.path.join(workdir, f"result-{rank}.pkl")

@@ -146,10 +146,36 @@ def dead_peer_waits(timeout_s: float) -> dict:
     return out
 
 
+def peer_abort(steps_before: int) -> dict:
+    """Two ranks, unbounded staleness. Rank 1 does ``steps_before`` steps, then aborts as a
+    worker whose step raised does; rank 0 keeps stepping (pulling rows both ranks own) until
+    an error ends it. Each records the wall time of its abort or error, the error's text,
+    the steps it did and whether its serving thread is still alive."""
+    from parallax_nb.errors import DistributedError
+    from parallax_nb.runtime.async_ps import SGD, AsyncPS
+
+    ps = AsyncPS.from_arrays({"table": initial_table()}, 2, SGD(LEARNING_RATE), max_staleness=None, timeout_s=30)
+    out = dict(rank=ps.rank, error=None, at=None, steps=0)
+    ids = np.arange(ROWS)
+    try:
+        while ps.rank == 0 or out["steps"] < steps_before:
+            ps.pull("table", ids)
+            ps.push("table", ids, np.ones((ROWS, DIM), np.float32))
+            ps.end_step()
+            out["steps"] += 1
+        out["at"] = time.time()
+        ps.abort(ValueError("the step raised"))
+    except DistributedError as e:
+        out.update(error=e.message, at=time.time())
+        ps.abort(e)
+    out["server_alive"] = ps._thread.is_alive()
+    return out
+
+
 def run_cases(cases: list[dict]) -> list:
     """Run each ``{"name": ..., **kwargs}`` case on this rank, in order."""
     functions = dict(constant=constant_gradient_training, one_worker=one_worker_against_sync,
-                     dead_peer=dead_peer_waits)
+                     dead_peer=dead_peer_waits, peer_abort=peer_abort)
     from parallax_nb.runtime.async_ps import mpi
 
     results = []

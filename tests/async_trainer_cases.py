@@ -101,19 +101,206 @@ def sync_against_async(workload: str, steps: int, partitions: int) -> dict:
     return out
 
 
+def _constant_plan(partitions: int, max_staleness):
+    from parallax_nb.plan import plan_for_kinds
+
+    return plan_for_kinds({TABLE: "sparse", BIAS: "dense"}, "ps", partitions=partitions, model_name="constant_gradient",
+                          sync=False, max_staleness=max_staleness)
+
+
+def _slowed(trainer, slow_rank: int, slow_s: float):
+    def on_step(record):
+        if trainer.rank == slow_rank:
+            time.sleep(slow_s)
+    return on_step
+
+
+def checkpoint_case(steps: int, resume_to: int, stop_from: int, every: int, partitions: int, max_staleness,
+                    directory: str, slow_rank: int, slow_s: float) -> dict:
+    """Checkpoints of asynchronous training of the constant-gradient model (``slow_rank``
+    sleeping after each step, so the workers drift apart between checkpoints):
+
+    1. ``steps`` steps with a checkpoint every ``every`` steps into ``directory/run``;
+    2. a new trainer resumes from the newest of them and goes on to ``resume_to`` steps;
+    3. into ``directory/stop``, rank ``slow_rank`` asks to stop from step ``stop_from`` on (the
+       others never ask): every rank must stop together at the next checkpoint.
+
+    Returns each part's checkpoint paths, steps done and (rank 0) final weights."""
+    import os
+
+    from parallax_nb.runtime.trainer import Trainer
+
+    plan = _constant_plan(partitions, max_staleness)
+    run_dir, stop_dir = os.path.join(directory, "run"), os.path.join(directory, "stop")
+    trainer = Trainer(constant_gradient_job(), plan)
+    first = trainer.run(steps, checkpoint_dir=run_dir, checkpoint_every=every,
+                        on_step=_slowed(trainer, slow_rank, slow_s), step_timeout_s=120)
+    trainer = Trainer(constant_gradient_job(), plan)
+    resumed = trainer.run(resume_to, checkpoint_dir=run_dir, checkpoint_every=every, resume=True,
+                          on_step=_slowed(trainer, slow_rank, slow_s), step_timeout_s=120)
+    trainer = Trainer(constant_gradient_job(), plan)
+    asked = {"step": 0}
+
+    def on_step(record):
+        asked["step"] = record.step
+        _slowed(trainer, slow_rank, slow_s)(record)
+
+    stopped = trainer.run(resume_to, checkpoint_dir=stop_dir, checkpoint_every=every, on_step=on_step,
+                          should_stop=lambda: trainer.rank == slow_rank and asked["step"] + 1 >= stop_from,
+                          step_timeout_s=120)
+    out = {"rank": trainer.rank, "checkpoints": first.checkpoints, "steps_done": first.steps_done,
+           "resumed_steps": [r.step for r in resumed.history], "resumed_checkpoints": resumed.checkpoints,
+           "stopped_early": stopped.stopped_early, "stopped_steps_done": stopped.steps_done,
+           "stopped_checkpoints": stopped.checkpoints}
+    if trainer.rank == 0:
+        out.update(weights=first.weights, resumed_weights=resumed.weights, stopped_weights=stopped.weights)
+    return out
+
+
+def nan_labels_job(fail_rank: int, fail_step: int):
+    """The constant-gradient job whose loss also adds ``0 * label``: the same gradients, but
+    shard ``fail_rank``'s labels of step ``fail_step`` are NaN, so that rank's loss (only) is
+    NaN in that step and its NaN guard raises."""
+    import keras
+    from parallax_nb.job import Job
+
+    def data(shard_index: int, num_shards: int):
+        import tensorflow as tf
+
+        ids = example_ids()[shard_index::num_shards]
+        labels = np.zeros(len(ids), np.float32)
+        if shard_index == fail_rank:
+            labels[(fail_step - 1) * BATCH:fail_step * BATCH] = np.nan
+        return tf.data.Dataset.from_tensor_slices((ids, labels))
+
+    def loss(y, y_pred):
+        return y_pred + 0.0 * y
+
+    return Job(model=build_model, loss=loss, optimizer=lambda: keras.optimizers.SGD(LEARNING_RATE), data=data,
+               batch_size=BATCH, name="constant_gradient_nan")
+
+
+def failing_step_case(steps: int, partitions: int, fail_rank: int, fail_step: int, how: str = "nan") -> dict:
+    """Asynchronous training, unbounded staleness, where rank ``fail_rank`` fails in step
+    ``fail_step``: ``how`` "nan": its loss is NaN, its NaN guard raises; "callback": its
+    ``on_step`` raises a plain RuntimeError after that step. Every rank records the error it
+    ended with (class, message, wall time), and which asynchronous serving threads are still
+    alive afterwards."""
+    import threading
+
+    from parallax_nb.runtime.trainer import Trainer
+
+    job = nan_labels_job(fail_rank, fail_step) if how == "nan" else constant_gradient_job()
+    trainer = Trainer(job, _constant_plan(partitions, None))
+
+    def on_step(record):
+        if how == "callback" and trainer.rank == fail_rank and record.step == fail_step:
+            raise RuntimeError(f"the user's callback failed at step {record.step}")
+
+    out = {"rank": trainer.rank, "error": None, "message": None, "raised_at": None}
+    try:
+        result = trainer.run(steps, on_step=on_step, step_timeout_s=120)
+        out["steps_done"] = result.steps_done
+    except Exception as e:  # noqa: BLE001 - what each rank ended with is the result
+        out.update(error=type(e).__name__, message=str(e), raised_at=time.time(), steps_done=trainer.step)
+    out["servers_alive"] = [t.name for t in threading.enumerate() if t.name.startswith("px-async-ps-server")]
+    out["server_released"] = trainer.server is None
+    return out
+
+
 def run_cases(cases: list[tuple[str, dict]]) -> list:
     return [globals()[name](**kwargs) for name, kwargs in cases]
 
 
-def checkpoint_refused(directory: str) -> str:
-    """An asynchronous run asked for checkpoints: the ConfigError's text (or "not refused")."""
-    from parallax_nb.errors import ConfigError
-    from parallax_nb.plan import plan_for_kinds
+# ----------------------------------------------------------------------------- a rank SIGKILLed
+KILL_RANK, KILL_AT_STEP = 1, 4
+_PASSES = {"n": 0}
+
+
+def _mark(name: str, text: str) -> None:
+    import os
+
+    folder = os.environ.get("PX_TEST_MARKERS")
+    if folder:
+        with open(os.path.join(folder, name + ".tmp"), "w") as f:
+            f.write(text)
+        os.replace(os.path.join(folder, name + ".tmp"), os.path.join(folder, name))
+
+
+def _killing_data(shard_index: int, num_shards: int):
+    """The constant-gradient examples of one shard through a Python generator; every rank
+    writes its pid (``pid-<shard>``), and shard KILL_RANK SIGKILLs its own process when
+    training reads the first example of step KILL_AT_STEP (the trainer's first-batch check
+    reads the data twice before training does), writing the time first (``killed_at``)."""
+    import os
+    import signal
+
+    import tensorflow as tf
+
+    _mark(f"pid-{shard_index}", str(os.getpid()))
+    ids = example_ids()[shard_index::num_shards]
+
+    def generate():
+        _PASSES["n"] += 1
+        for i, row in enumerate(ids):
+            if shard_index == KILL_RANK and _PASSES["n"] > 2 and i == (KILL_AT_STEP - 1) * BATCH:
+                _mark("killed_at", repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield row, np.float32(0.0)
+
+    spec = (tf.TensorSpec((IDS_PER_EXAMPLE,), tf.int32), tf.TensorSpec((), tf.float32))
+    return tf.data.Dataset.from_generator(generate, output_signature=spec)
+
+
+def killed_rank_job():
+    """For ``python -m parallax_nb run --async``: the constant-gradient job whose rank KILL_RANK
+    is SIGKILLed in step KILL_AT_STEP."""
+    return constant_gradient_job().replace(data=_killing_data, name="constant_gradient_killed")
+
+
+def sigkilled_case(marker_dir: str, steps: int, kill_rank: int, kill_step: int) -> dict:
+    """For ``launch.run_on_ranks``: asynchronous training (max_staleness 2) in which rank
+    ``kill_rank`` SIGKILLs its own process after step ``kill_step``, writing the time first
+    (``killed_at``); every rank writes its pid (``pid-<rank>``)."""
+    import os
+    import signal
+
     from parallax_nb.runtime.trainer import Trainer
 
-    plan = plan_for_kinds({TABLE: "sparse", BIAS: "dense"}, "ps", model_name="constant_gradient", sync=False)
-    try:
-        Trainer(constant_gradient_job(), plan).run(2, checkpoint_dir=directory)
-    except ConfigError as e:
-        return str(e)
-    return "not refused"
+    trainer = Trainer(constant_gradient_job(), _constant_plan(2, 2))
+    with open(os.path.join(marker_dir, f"pid-{trainer.rank}"), "w") as f:
+        f.write(str(os.getpid()))
+
+    def on_step(record):
+        if trainer.rank == kill_rank and record.step == kill_step:
+            with open(os.path.join(marker_dir, "killed_at"), "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.run(steps, on_step=on_step, step_timeout_s=120)
+    return {"rank": trainer.rank}
+
+
+def _slow_data(shard_index: int, num_shards: int, pause_s: float = 0.05):
+    """The constant-gradient examples of one shard, each after ``pause_s`` (a step of 4 takes
+    0.2 s: slow enough for a test to kill a rank mid-run)."""
+    import tensorflow as tf
+
+    ids = example_ids()[shard_index::num_shards]
+
+    def generate():
+        for row in ids:
+            time.sleep(pause_s)
+            yield row, np.float32(0.0)
+
+    spec = (tf.TensorSpec((IDS_PER_EXAMPLE,), tf.int32), tf.TensorSpec((), tf.float32))
+    return tf.data.Dataset.from_generator(generate, output_signature=spec)
+
+
+def slow_constant_gradient_job():
+    return constant_gradient_job().replace(data=_slow_data, name="constant_gradient_slow")
+
+
+def nan_on_rank_1_job():
+    """For ``python -m parallax_nb run --async``: rank 1's loss is NaN in step 3."""
+    return nan_labels_job(1, 3)

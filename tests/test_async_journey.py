@@ -164,7 +164,6 @@ def test_cli_plan_refuses_bad_sync_flags_and_writes_nothing(profile_json, tmp_pa
 @pytest.mark.parametrize("flags, message", [
     (["--async", "--max-staleness", "-3"], "--max-staleness must be a whole number >= 0, got -3"),
     (["--max-staleness", "1"], "--max-staleness 1 applies to asynchronous training, and --async was not given"),
-    (["--async", "--checkpoint-every", "2"], "--async does not take --checkpoint-every yet"),
     (["--async", "--partitions", "auto"], "--async does not take --partitions auto yet"),
     (["--async", "--arch", "hybrid"], "asynchronous training applies to PS variables only; 1 variable(s) of "
                                       "'constant_gradient' are AllReduce ['bias/bias']"),

@@ -49,7 +49,9 @@ def launches() -> dict:
     from parallax_nb.launch import run_on_ranks
 
     out = {}
-    extra = [dict(name="one_worker", steps=ONE_WORKER_STEPS, partitions=2), dict(name="dead_peer", timeout_s=1.0)]
+    # peer_abort before dead_peer: dead_peer frees communicators with messages left unreceived
+    extra = [dict(name="one_worker", steps=ONE_WORKER_STEPS, partitions=2), dict(name="peer_abort", steps_before=3),
+             dict(name="dead_peer", timeout_s=1.0)]
     for ranks, more in ((2, extra), (3, [])):
         start = time.perf_counter()
         per_rank = run_on_ranks(cases.run_cases, ranks, args=(_constant_cases(ranks) + more,), timeout_s=300)
@@ -151,12 +153,27 @@ def test_one_worker_async_equals_sync_to_the_bit(launches):
 
 
 def test_a_dead_peer_is_named_instead_of_waited_for_forever(launches):
-    rank0, rank1 = launches[2][len(STALENESS) + 1]
+    rank0, rank1 = launches[2][len(STALENESS) + 2]
     assert "for rank(s) [1]" in rank0["ssp_error"] and "start step 1" in rank0["ssp_error"]
     assert "from rank 1" in rank0["pull_error"]
     assert "gave up earlier" in rank0["after_error"] and rank0["after_error_s"] < 0.5
     assert 0.9 < rank0["ssp_waited_s"] < 5.0 and 0.9 < rank0["pull_waited_s"] < 5.0
     assert rank1 == {}
+
+
+def test_a_worker_that_aborts_ends_the_others_naming_it_at_once(launches):
+    """Rank 1 aborts (its step raised): rank 0, which never waits for rank 1 by SSP, raises at
+    its next pull or acknowledgement from rank 1, well before its 30 s deadline; neither rank
+    has a serving thread left."""
+    import socket
+
+    other, aborted = launches[2][len(STALENESS) + 1]
+    assert aborted["error"] is None and aborted["steps"] == 3
+    assert other["error"] == (f"rank 0 stopped: rank 1 on host {socket.gethostname()} failed during asynchronous "
+                              "training: ValueError: the step raised"), other
+    assert other["steps"] >= 3
+    assert abs(other["at"] - aborted["at"]) < 2.0, other["at"] - aborted["at"]
+    assert not aborted["server_alive"] and not other["server_alive"]
 
 
 @pytest.mark.parametrize("bad", (-1, 1.5, True, "2"))

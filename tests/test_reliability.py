@@ -342,6 +342,72 @@ def test_nan_on_engines_stops_the_run_naming_the_step(cluster):
     assert the_run.steps_done < 6
 
 
+def test_async_step_that_raises_on_one_engine_fails_the_run_naming_that_rank(cluster):
+    """Asynchronous training on 2 engines, rank 1's loss NaN in step 3: rank 1 raises its
+    NumericError and aborts its server, rank 0 stops naming it; the run's error is rank 1's
+    (the one that failed first), not rank 0's, nothing hangs, and the engines stay up."""
+    import cloudpickle
+
+    import async_trainer_cases as atc
+    from parallax_nb.cluster import run
+
+    pids = [e.pid for e in cluster.start().engines]
+    cloudpickle.register_pickle_by_value(atc)   # tests/ is not importable on the engines
+    try:
+        the_run = run(atc.nan_labels_job(1, 3), atc._constant_plan(2, None), engines=2, steps=30, cluster=cluster,
+                      display=False, wait=False, failure_grace_s=2.0, step_timeout_s=60.0)
+    finally:
+        try:
+            cloudpickle.unregister_pickle_by_value(atc)
+        except ValueError:
+            pass
+    start = time.monotonic()
+    assert _wait_or_abort(the_run, 90, None, abort_after_s=90), "the asynchronous run hung after rank 1 failed"
+    took = time.monotonic() - start
+    _assert_clean_error(the_run.error, r"^rank 1 \(engine \d+ on host \S+\) failed: NumericError: step 3: the loss is "
+                                       r"not finite \(NaN or inf\) on rank\(s\) \[1\]", "async NaN on one engine")
+    assert [e.pid for e in cluster.engines] == pids and cluster.alive()
+    print(f"\nasync NaN on engine rank 1: run failed {took:.1f} s after it started")
+
+
+def test_async_sigkilled_engine_is_named_within_10_s_and_nothing_is_left(cluster):
+    """Asynchronous training (max_staleness 2) on 2 engines, steps slowed by the data to 0.2 s;
+    the test SIGKILLs rank 1's engine after step 3: the run fails within 10 s naming rank 1
+    and its host, the old engines, nannies and mpiexec are gone, and the cluster restarts."""
+    import cloudpickle
+
+    import async_trainer_cases as atc
+    from parallax_nb.cluster import run
+
+    cluster.start()
+    cloudpickle.register_pickle_by_value(atc)   # tests/ is not importable on the engines
+    try:
+        the_run = run(atc.slow_constant_gradient_job(), atc._constant_plan(2, 2), engines=2, steps=300,
+                      cluster=cluster, display=False, wait=False, failure_grace_s=5.0)
+    finally:
+        try:
+            cloudpickle.unregister_pickle_by_value(atc)
+        except ValueError:
+            pass
+    _wait_for_steps(the_run, 3)
+    victim = cluster.engines[1]
+    before = _cluster_pids(cluster, include_controller=False)
+    killed_at = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)
+    the_run.wait(timeout=60, raise_on_error=False)
+    failed_after_s = time.monotonic() - killed_at
+    left = _wait_gone(before, 20)
+    assert the_run.status == "failed" and isinstance(the_run.error, DistributedError), the_run
+    message = str(the_run.error)
+    assert "rank 1" in message and victim.host in message and re.search(r"SIGKILL|signal 9", message), message
+    assert failed_after_s < 10.0, f"the async run failed {failed_after_s:.1f} s after the SIGKILL"
+    assert not left, f"still running after the rank died: {left}"
+    cluster.start()
+    assert cluster.alive()
+    print(f"\nasync, SIGKILL of engine rank 1 after step {the_run.steps_done}: failed {failed_after_s:.1f} s later: "
+          f"{message.splitlines()[0]}")
+
+
 def test_cluster_is_usable_after_bad_input(cluster, job, plan):
     from parallax_nb.cluster import run
 

@@ -13,7 +13,9 @@ time (:func:`step_time_summary`).
 and ``--arch`` it plans every variable PS. The launcher checks the flags and the plan's methods
 (the plan file, or ``--arch`` applied to the job's variable kinds) before mpirun starts;
 run.json then carries ``sync``, ``max_staleness`` and every rank's measured staleness
-(``staleness``, :mod:`parallax_nb.staleness`), history.csv a ``steps_ahead`` column.
+(``staleness``, :mod:`parallax_nb.staleness`), history.csv a ``steps_ahead`` column. Its
+checkpoints (``--checkpoint-every``, the end, ``--resume``) are the owners' consistent
+snapshots (:mod:`parallax_nb.runtime.checkpoint`).
 """
 from __future__ import annotations
 
@@ -88,14 +90,9 @@ def _check(args) -> None:
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     check_sync_flags(args)
-    if args.asynchronous:
-        given = (("--checkpoint-every", args.checkpoint_every > 0), ("--resume", args.resume),
-                 ("--resume-if-present", args.resume_if_present), ("--partitions auto", args.partitions == "auto"))
-        refused = [flag for flag, on in given if on]
-        if refused:
-            raise ConfigError(f"--async does not take {', '.join(refused)} yet: asynchronous runs write no "
-                              "checkpoints and the partition search times synchronous steps",
-                              hint="drop " + ", ".join(refused) + ", or train synchronously (without --async)")
+    if args.asynchronous and args.partitions == "auto":
+        raise ConfigError("--async does not take --partitions auto yet: the partition search times synchronous steps",
+                          hint="pass --partitions N, or train synchronously (without --async)")
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise ConfigError(f"--output {args.output!r} is an existing file, not a folder",
                           hint="pass a folder path (it is created if missing)")
@@ -350,7 +347,7 @@ def _train_and_write(job, plan, args, info, search, profile=None) -> None:
     from ..runtime.context import horovod
     from ..runtime.trainer import train
 
-    checkpoints = os.path.join(args.output, "checkpoints") if plan.sync else None   # async: none written yet
+    checkpoints = os.path.join(args.output, "checkpoints")
     result = train(job, plan, args.steps, checkpoint_dir=checkpoints,
                    checkpoint_every=args.checkpoint_every, resume=args.resume or args.resume_if_present,
                    step_timeout_s=args.step_timeout,

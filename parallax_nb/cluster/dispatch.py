@@ -118,15 +118,28 @@ class RunController:
             self.run.add_records([data[k] for k in new], rank=rank)
 
     def _check_failures(self) -> None:
-        if self._first_error is not None:
-            return
+        """The failure to report, of the tasks that failed so far: the one its engine finished
+        first (then the lowest rank), unless that one names another failed rank as its cause
+        (an asynchronous peer that stopped because a rank aborted,
+        :func:`~parallax_nb.failures.failed_peer`): then that rank's own. Both can end
+        within one poll, in either order. The time the first failure was seen is kept."""
+        from ..failures import failed_peer
+
+        failed = {}
         for rank, ar in enumerate(self.async_results):
             if ar.ready():
                 try:
                     ar.get(0)
                 except Exception as e:
-                    self._first_error = (time.monotonic(), rank, e)
-                    return
+                    failed[rank] = (_completed_s(ar), rank, e)
+        if not failed:
+            return
+        _, rank, exc = min(failed.values(), key=lambda f: (f[0], f[1]))
+        cause = failed_peer(str(getattr(exc, "evalue", exc)))
+        if cause in failed:
+            _, rank, exc = failed[cause]
+        seen = self._first_error[0] if self._first_error is not None else time.monotonic()
+        self._first_error = (seen, rank, exc)
 
     def _error_for(self, rank: int, exc: BaseException, others_restarted: bool) -> DistributedError:
         engine_id, host = self.engine_ids[rank], self.hosts[rank]
@@ -261,6 +274,17 @@ class RunController:
             err.remote_traceback = traceback.format_exc()
             if self.run.status != FAILED:
                 self.run.fail(err)
+
+
+def _completed_s(async_result) -> float:
+    """When the engine finished the task (Unix seconds, the reply's date), +inf when unknown
+    (an engine that died sends no reply)."""
+    try:
+        metadata = async_result.metadata
+        completed = (metadata[0] if isinstance(metadata, list) else metadata).get("completed")
+        return completed.timestamp() if completed is not None else float("inf")
+    except Exception:
+        return float("inf")
 
 
 _RANK_REPORT = re.compile(r"\[parallax_nb\] rank (\d+) failed:\n(.*?)(?=\n\[parallax_nb\] rank|\Z)", re.S)

@@ -47,8 +47,12 @@ none of its later ones: each worker asks every owner for the snapshot after its 
 that it keeps serving the workers still before ``c``), and a worker goes on only when every
 owner has copied (so none of its pushes of step ``c`` can precede a copy). It is a barrier
 at that step, and it is the state synchronous training would reach after ``c`` steps up to
-the order of floating-point additions. :meth:`AsyncPS.close` returns the final state: all
-pushes of all workers.
+the order of floating-point additions. A worker that finished before ``c`` (it stopped after
+``d < c`` steps) is counted by its ``done``, which an owner receives after all its pushes: the
+snapshot holds all of its ``d`` steps, which are again exactly its steps ``< c``. A worker may
+ask to stop with its ask; every owner sees every ask, so every worker learns the same answer
+(:attr:`AsyncPS.stop_agreed`) and all can stop together at that step. :meth:`AsyncPS.close`
+returns the final state: all pushes of all workers.
 
 Shutdown
 --------
@@ -65,6 +69,15 @@ has a deadline (``timeout_s``) and then raises :class:`~parallax_nb.errors.Distr
 rank(s) waited for; after that the instance refuses every call but ``close()`` (a reply that
 came late could otherwise answer a later request). A serving thread that is told to stop
 leaves within one poll pause.
+
+A worker that fails (its step raised) calls :meth:`AsyncPS.abort`: it sends every other rank
+an ``abort`` naming itself, its host and its error, and stops its serving thread. An owner
+that receives it records the failure and stops serving; its worker raises a
+:class:`~parallax_nb.errors.DistributedError` naming the failed rank at its next wait (a pull
+from another rank, an acknowledgement, an SSP turn, a snapshot, the end; in every case within
+one poll), so every rank ends with an error instead of waiting ``timeout_s`` for a rank that
+will not answer. A rank killed outright (SIGKILL) sends nothing: its launcher (``mpirun``, the
+engines' ``mpiexec``) sees it die and ends the other ranks.
 
 Why this mechanism (measured here, Open MPI 4.1.4, mpi4py 4.1.1, TensorFlow 2.18, Horovod
 0.28.1; 2 ranks on a 2-core machine another job was loading: figures are medians of a few
@@ -112,6 +125,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError, DistributedError, PlanError, SetupError
+from ..failures import peer_failure_message
 from .partitioning import RowPartitioning
 
 #: the serving thread and a waiting worker poll MPI and sleep between polls, from
@@ -120,9 +134,12 @@ from .partitioning import RowPartitioning
 MIN_PAUSE_S = 50e-6
 MAX_PAUSE_S = 1e-3
 DEFAULT_TIMEOUT_S = 60.0
+#: abort() waits at most this long for its messages to leave (a process that exits right
+#: after could otherwise drop them on a TCP link)
+ABORT_SEND_S = 1.0
 
 # message tags: worker -> server on the request communicator, server -> worker on the reply one
-PULL, PUSH, CLOCK, DONE, SNAPSHOT = 1, 2, 3, 4, 5
+PULL, PUSH, CLOCK, DONE, SNAPSHOT, ABORT = 1, 2, 3, 4, 5, 6
 ROWS, ACK, SNAPSHOT_TAKEN = 11, 12, 13
 
 
@@ -241,8 +258,11 @@ class AsyncPS:
         self._clocks = [0] * self.ranks
         self._done: set[int] = set()
         self._snapshot_asks: dict[int, set[int]] = {}
-        self._snapshots: dict[int, dict[str, dict[int, np.ndarray]]] = {}
+        self._snapshot_stops: dict[int, bool] = {}
+        self._snapshots: dict[int, tuple[dict[str, dict[int, np.ndarray]], bool]] = {}
+        self.stop_agreed = False   # the last snapshot: did any worker ask to stop there
         self._server_error: BaseException | None = None
+        self._peer_error: DistributedError | None = None   # another rank failed and said so (ABORT)
         self._heard = time.monotonic()   # when another rank last sent something
         self._stop = threading.Event()
         self._closed = False
@@ -353,25 +373,56 @@ class AsyncPS:
         self.steps_ahead.append(int(t - slowest))
         self._turn_taken = t
 
-    def snapshot(self) -> dict[str, dict[int, np.ndarray]]:
+    def snapshot(self, stop: bool = False) -> dict[str, dict[int, np.ndarray]]:
         """This rank's partitions holding exactly the pushes of every worker's steps before
-        ``self.step`` (module docstring). Collective: every worker calls it after the same
-        number of steps."""
+        ``self.step`` (module docstring). Collective: every worker that has not finished calls
+        it after the same number of steps (a worker that finished earlier, after fewer steps,
+        is counted with all its pushes: it has no step at or after ``self.step``).
+
+        ``stop``: this worker wants to stop here; afterwards :attr:`stop_agreed` says whether
+        any worker asked, the same on every worker (every owner saw every ask)."""
         self._check_usable()
         self._await_acks()
         at = self.step
         for rank in self._others():
-            self._send(at, rank, SNAPSHOT)
-        self._reply_all(self._snapshot_asked(self.rank, at))
+            self._send((at, bool(stop)), rank, SNAPSHOT)
+        self._reply_all(self._snapshot_asked(self.rank, at, bool(stop)))
         for rank in self._others():
             self._receive(rank, SNAPSHOT_TAKEN, f"the snapshot at step {at}")
         with self._state:   # this rank's own copy: taken when the last worker asked it
-            if not self._state.wait_for(lambda: at in self._snapshots or self._server_error, self.timeout_s):
-                missing = sorted(set(range(self.ranks)) - self._snapshot_asks.get(at, set()))
+            if not self._state.wait_for(lambda: at in self._snapshots or self._server_error or self._peer_error,
+                                        self.timeout_s):
+                missing = sorted(set(range(self.ranks)) - self._snapshot_asks.get(at, set()) - self._done)
                 raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for rank(s) {missing} to "
                                     f"reach the snapshot at step {at}", hint="a rank that stopped or died")
             self._raise_server_error()
-            return self._snapshots.pop(at)
+            parts, self.stop_agreed = self._snapshots.pop(at)
+            return parts
+
+    def load(self, parts: dict[str, dict[int, np.ndarray]], step: int) -> None:
+        """Serve ``parts`` (name -> partition -> array, this rank's partitions) from now on, as
+        the state after ``step`` steps of every worker (a resumed checkpoint); this worker's
+        step count and every worker's clock start there. Call it on every rank before any
+        worker pulls or pushes (then pass a barrier): a pull served before would read the old
+        values."""
+        self._check_usable()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"step must be a whole number >= 0, got {step!r}")
+        with self._state:
+            for name, table in self.tables.items():
+                given = parts.get(name, {})
+                if sorted(given) != sorted(table.parts):
+                    raise PlanError(f"rank {self.rank} was given partitions {sorted(given)} of {name!r} to serve, "
+                                    f"it owns {sorted(table.parts)}")
+                for p, part in table.parts.items():
+                    array = np.asarray(given[p], dtype=table.dtype)
+                    if array.shape != part.shape:
+                        raise PlanError(f"partition {p} of {name!r} has shape {array.shape}, rank {self.rank} "
+                                        f"serves it with shape {part.shape}")
+                    part[...] = array
+            self.step = step
+            self._clocks = [max(c, step) for c in self._clocks]
+            self._state.notify_all()
 
     def close(self) -> dict[str, dict[int, np.ndarray]]:
         """Say done, serve the others until all are done, stop; return this rank's final
@@ -380,11 +431,13 @@ class AsyncPS:
         if self._closed:
             return self._final()
         self._closed = True
+        clean = False
         try:
+            self._raise_peer_error()
             self._await_acks()
             for rank in self._others():
                 self._send(None, rank, DONE)
-            self._finished(self.rank)
+            self._reply_all(self._finished(self.rank))
             self._heard = time.monotonic()
             while self._thread.is_alive():   # serving the others until they are done too
                 self._thread.join(0.05)
@@ -396,12 +449,42 @@ class AsyncPS:
             self._raise_server_error()
             self._wait_sends()
             self._barrier("every rank's end")
+            clean = True
         finally:
             self._stop.set()
             self._thread.join(1.0)
-            self._requests.Free()
-            self._replies.Free()
+            if clean:   # else left allocated: see abort()
+                self._requests.Free()
+                self._replies.Free()
         return self._final()
+
+    def abort(self, error: BaseException) -> None:
+        """End this rank's part after ``error`` without waiting for anyone: tell every other
+        rank that this one failed (their next wait raises a :class:`DistributedError` naming
+        this rank, its host and ``error``; not when ``error`` is another rank's failure, which
+        every rank heard already), and stop the serving thread. Nothing pending is waited for
+        beyond :data:`ABORT_SEND_S`.
+
+        The two communicators stay allocated: a message already on its way to this rank
+        would stay queued on a freed communicator's context id and could be matched by the
+        next communicator given that id (Open MPI reuses them); on a live one it is never
+        received. (Two communicators per failed run.)"""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._peer_error is None:
+                import socket
+
+                text = f"{type(error).__name__}: {getattr(error, 'message', error)}"
+                sends = [self._requests.isend((text, socket.gethostname()), rank, ABORT) for rank in self._others()]
+                deadline = time.monotonic() + ABORT_SEND_S
+                while sends and time.monotonic() < deadline:
+                    sends = [r for r in sends if not r.test()[0]]
+                    time.sleep(MIN_PAUSE_S)
+        finally:
+            self._stop.set()
+            self._thread.join(1.0)
 
     def __enter__(self):
         return self
@@ -410,8 +493,7 @@ class AsyncPS:
         if kind is None:
             self.close()
         else:
-            self._stop.set()
-            self._thread.join(1.0)
+            self.abort(value)
 
     def _barrier(self, what: str) -> None:
         """Wait until every rank reaches this point (polled, raising after ``timeout_s``)."""
@@ -501,11 +583,26 @@ class AsyncPS:
         return self._failed
 
     def _check_usable(self) -> None:
+        self._raise_peer_error()
         if self._failed is not None:
             raise DistributedError(f"rank {self.rank}'s asynchronous PS gave up earlier ({self._failed.message})",
                                    hint="close() it: after a timeout a late reply could answer a later request")
 
+    def raise_failure(self) -> None:
+        """Raise what ended this instance, if anything did: another rank's failure, a wait that
+        timed out, or the serving thread's error (for a caller that met it wrapped, e.g. by
+        TensorFlow around a pull made inside a step)."""
+        self._raise_server_error()
+        if self._failed is not None:
+            raise DistributedError(self._failed.message, hint=self._failed.hint)
+
+    def _raise_peer_error(self) -> None:
+        error = self._peer_error
+        if error is not None:   # a fresh exception each time: its traceback is this call's
+            raise DistributedError(error.message, hint=error.hint)
+
     def _raise_server_error(self) -> None:
+        self._raise_peer_error()
         if self._server_error is not None:
             raise DistributedError(f"rank {self.rank}'s serving thread failed: {self._server_error!r}") \
                 from self._server_error
@@ -531,6 +628,8 @@ class AsyncPS:
                 self._heard = time.monotonic()
                 for rank, reply_tag, payload in self._handle(source, tag, message.recv()):
                     pending.append(self._replies.isend(payload, rank, reply_tag))
+                if self._peer_error is not None:
+                    return   # the job is over: every rank heard it, none waits for this thread
             deadline = time.monotonic() + self.timeout_s
             while pending and time.monotonic() < deadline and not self._stop.is_set():
                 pending = [r for r in pending if not r.test()[0]]
@@ -558,30 +657,50 @@ class AsyncPS:
                 self._clocks[source] = max(self._clocks[source], payload)
                 self._state.notify_all()
         elif tag == DONE:
-            self._finished(source)
+            return self._finished(source)
         elif tag == SNAPSHOT:
-            return self._snapshot_asked(source, payload)
+            return self._snapshot_asked(source, *payload)
+        elif tag == ABORT:
+            text, host = payload
+            with self._state:
+                self._peer_error = DistributedError(peer_failure_message(self.rank, source, host, text),
+                                                    hint=f"rank {source}'s error is the cause; every rank of the job "
+                                                         "stopped")
+                self._state.notify_all()
         return []
 
-    def _finished(self, rank: int) -> None:
+    def _finished(self, rank: int) -> list[tuple[int, int, object]]:
+        """Worker ``rank`` is done; the replies owed for snapshots it completes (it will never ask)."""
         with self._state:
             self._done.add(rank)
             self._clocks[rank] = _FINISHED
             self._state.notify_all()
+            return self._take_complete_snapshots()
 
-    def _snapshot_asked(self, rank: int, at: int) -> list[tuple[int, int, object]]:
-        """Worker ``rank`` asks for the snapshot after ``at`` steps; the last of all N to ask
-        takes it (a copy of this rank's partitions) and is owed the other workers' replies."""
+    def _snapshot_asked(self, rank: int, at: int, stop: bool = False) -> list[tuple[int, int, object]]:
+        """Worker ``rank`` asks for the snapshot after ``at`` steps (``stop``: and wants to stop
+        there); the ask that completes it takes it and is owed the other workers' replies."""
         with self._state:
-            asked = self._snapshot_asks.setdefault(at, set())
-            asked.add(rank)
-            if len(asked) < self.ranks:
-                return []
+            self._snapshot_asks.setdefault(at, set()).add(rank)
+            self._snapshot_stops[at] = self._snapshot_stops.get(at, False) or stop
+            return self._take_complete_snapshots()
+
+    def _take_complete_snapshots(self) -> list[tuple[int, int, object]]:
+        """(Under ``_state``.) Take every snapshot that every worker asked for or finished
+        before (a copy of this rank's partitions); the replies owed to the other askers."""
+        replies = []
+        for at in sorted(self._snapshot_asks):
+            asked = self._snapshot_asks[at]
+            if len(asked | self._done) < self.ranks:
+                continue
             del self._snapshot_asks[at]
-            self._snapshots[at] = {name: {p: part.copy() for p, part in t.parts.items()}
-                                   for name, t in self.tables.items()}
+            stop = self._snapshot_stops.pop(at)
+            if self.rank in asked:
+                self._snapshots[at] = ({name: {p: part.copy() for p, part in t.parts.items()}
+                                        for name, t in self.tables.items()}, stop)
+            replies += [(r, SNAPSHOT_TAKEN, (at, stop)) for r in sorted(asked) if r != self.rank]
             self._state.notify_all()
-        return [(r, SNAPSHOT_TAKEN, at) for r in self._others()]
+        return replies
 
     def _guarded(self, serve, *args):
         try:

@@ -22,6 +22,20 @@ checksums, are read unverified). Resuming reads the arrays memory-mapped and eac
 takes only its partitions' rows, so a resumed PS run never loads the full table on one rank;
 the data position is the step (each rank skips ``step`` batches of its shard), so a resumed
 run continues exactly where the interrupted one stopped.
+
+Asynchronous training (``plan.sync`` False) writes the same files the same way (``meta.json``
+says ``"sync": false``), and they load into the single-device model alike. What a checkpoint
+of step ``c`` holds is *consistent*: exactly the pushes of every worker's steps ``0 .. c-1``,
+each applied once, and none of any worker's later steps (the owners copy their partitions at
+a barrier of all workers at ``c``, :meth:`.async_ps.AsyncPS.snapshot`); a worker that stopped
+after ``d < c`` steps contributes its ``d`` steps (a resume skips its batches ``d .. c-1``). That is the state synchronous training
+reaches after ``c`` steps when no update depends on the parameters read (the exactly-once
+tests); in general the gradients of a step were computed from parameters up to
+``max_staleness`` steps old, so the values are those of one asynchronous run, not of the
+synchronous run. Resuming from it starts every worker at step ``c`` from exactly that state,
+each reading its shard from batch ``c`` on: no push is lost or applied twice, and the
+resumed run keeps the SSP bound. It is exact in that sense; it does not replay the
+interrupted run's timing (which pull saw which push), which no asynchronous run repeats.
 """
 from __future__ import annotations
 
@@ -118,22 +132,25 @@ def _optimizer_state(trainer) -> dict[str, np.ndarray]:
     return state
 
 
-def save(trainer, directory: str) -> str:
-    """Write a checkpoint of ``trainer`` at its current step; collective, rank 0 writes.
-    Returns the checkpoint's path (on every rank). Every rank refuses non-finite values
-    alike (:class:`~parallax_nb.errors.NumericError`) before anything is written."""
+def save(trainer, directory: str, weights: dict | None = None, step: int | None = None) -> str:
+    """Write a checkpoint of ``trainer`` at ``step`` (default its current step); collective,
+    rank 0 writes. ``weights``: the full single-device values to write (an asynchronous
+    run's snapshot), default :meth:`Trainer.weights`. Returns the checkpoint's path (on every
+    rank). Every rank refuses non-finite values alike
+    (:class:`~parallax_nb.errors.NumericError`) before anything is written."""
     from .guards import check_finite_arrays
 
-    weights = trainer.weights()
+    step = trainer.step if step is None else step
+    weights = trainer.weights() if weights is None else weights
     optimizer = _optimizer_state(trainer)
-    check_finite_arrays(weights, trainer.step, "checkpoint")
-    check_finite_arrays(optimizer, trainer.step, "checkpoint (optimizer state)")
-    path = os.path.join(os.path.abspath(directory), checkpoint_name(trainer.step))
+    check_finite_arrays(weights, step, "checkpoint")
+    check_finite_arrays(optimizer, step, "checkpoint (optimizer state)")
+    path = os.path.join(os.path.abspath(directory), checkpoint_name(step))
     if trainer.rank == 0:
-        _write(path, trainer, weights, optimizer)
+        _write(path, trainer, weights, optimizer, step)
     from .context import barrier
 
-    barrier(f"ckpt_{trainer.step}")  # nobody reads a checkpoint before it is complete
+    barrier(f"ckpt_{step}")  # nobody reads a checkpoint before it is complete
     return path
 
 
@@ -174,7 +191,8 @@ def remove_stale_temporaries(directory: str) -> list[str]:
     return removed
 
 
-def _write(path: str, trainer, weights: dict, optimizer: dict) -> None:
+def _write(path: str, trainer, weights: dict, optimizer: dict, step: int | None = None) -> None:
+    step = trainer.step if step is None else step
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}-{os.getpid()}")
@@ -182,7 +200,7 @@ def _write(path: str, trainer, weights: dict, optimizer: dict) -> None:
     needed = _needed_bytes(weights, optimizer)
     _check_room(path, needed)
     try:
-        _write_into(tmp, trainer, weights, optimizer)
+        _write_into(tmp, trainer, weights, optimizer, step)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space" in str(e):
@@ -198,7 +216,7 @@ def _write(path: str, trainer, weights: dict, optimizer: dict) -> None:
     os.rename(tmp, path)
 
 
-def _write_into(tmp: str, trainer, weights: dict, optimizer: dict) -> None:
+def _write_into(tmp: str, trainer, weights: dict, optimizer: dict, step: int) -> None:
     os.makedirs(os.path.join(tmp, "arrays"))
     files: dict[str, dict[str, str]] = {"weights": {}, "optimizer": {}}
     digests: dict[str, str] = {}
@@ -213,8 +231,9 @@ def _write_into(tmp: str, trainer, weights: dict, optimizer: dict) -> None:
         v.assign(weights[v.path])
     model.save_weights(os.path.join(tmp, "model.weights.h5"))
     digests["model.weights.h5"] = _sha256(os.path.join(tmp, "model.weights.h5"))
-    meta = {"schema": CHECKPOINT_SCHEMA, "schema_version": CHECKPOINT_SCHEMA_VERSION, "step": trainer.step,
+    meta = {"schema": CHECKPOINT_SCHEMA, "schema_version": CHECKPOINT_SCHEMA_VERSION, "step": step,
             "ranks": trainer.ranks, "architecture": trainer.plan.architecture.value,
+            "sync": not getattr(trainer, "asynchronous", False),
             "job": trainer.job.name, "created_unix_s": time.time(), **files, "sha256": digests}
     meta["manifest_sha256"] = _manifest_sha256(meta)
     atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))

@@ -32,11 +32,21 @@ owners, computes this rank's gradient and pushes it after the step, with no coll
 barrier (:mod:`.exchanges.async_pull_push`). What differs from a synchronous run:
 
 * the loss of a step is this rank's own (there is no global mean without a barrier), as are
-  the health check and a stop request (the rank that was asked stops; the others go on);
+  the health check and a stop request (the rank that was asked stops; the others go on;
+  with periodic checkpoints every rank stops at the next checkpoint instead, see below);
 * the owners apply plain SGD (``keras.optimizers.SGD`` without momentum, weight decay or
   clipping, at a constant learning rate), each push once and without dividing by the
   number of workers; any other optimizer is refused (:func:`async_learning_rate`);
-* checkpoints are refused for now (``checkpoint_dir`` / ``resume``);
+* a checkpoint at step ``c`` is the owners' consistent snapshot
+  (:meth:`.async_ps.AsyncPS.snapshot`): exactly the pushes of every worker's steps before
+  ``c`` (a worker that stopped after ``d < c`` steps: its ``d`` steps), none later; taking it
+  is a barrier at ``c``, whose exchange also carries stop requests, so that a stop asked of
+  any rank stops every rank together there. The checkpoint at the end holds every push (its
+  step is the most any worker did). Resume loads the owners' partitions from it and starts
+  every worker at ``c`` (:mod:`.checkpoint`);
+* a step that raises on one rank (a NaN guard, a bad id, an exception in the model or in
+  ``on_step``) aborts its :class:`.async_ps.AsyncPS` (:meth:`~.async_ps.AsyncPS.abort`): the
+  other ranks raise a :class:`DistributedError` naming it at their next wait;
 * synchronised BatchNorm (a collective in the step) is refused: ``sync_batch_norm=False``.
 
 Each step starts with the rank's stale-synchronous wait (``AsyncPS.wait_turn``, before any
@@ -57,7 +67,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, progress
-from ..errors import ConfigError, JobError, ParallaxError, PlanError
+from ..errors import ConfigError, DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
@@ -396,10 +406,25 @@ class Trainer:
         try:
             yield
         except (tf.errors.InvalidArgumentError, ValueError) as e:
+            self._raise_async_failure()
             error = guards.id_error(e, self.step + 1, self.rank) or layer_name_error(e)
             if error is None:
                 raise
             raise JobError(error.message, hint=error.hint) from None
+        except tf.errors.OpError:
+            self._raise_async_failure()
+            raise
+
+    def _raise_async_failure(self) -> None:
+        """Asynchronous: the :class:`DistributedError` that ended this rank's PS (another rank
+        failed, a wait timed out), when a pull inside the step (a ``tf.numpy_function``) met
+        it and TensorFlow wrapped it in one of its own errors."""
+        if self.server is None:
+            return
+        try:
+            self.server.raise_failure()
+        except DistributedError as failure:
+            raise failure from None
 
     # ------------------------------------------------------------------ gathering
     def gather_partitions(self, sync: VariableSync, local: dict[int, np.ndarray], tag: str) -> np.ndarray:
@@ -417,13 +442,17 @@ class Trainer:
             offset += size
         return part.assemble(parts).reshape(tuple(sync.variable.shape))
 
-    def weights(self) -> dict[str, np.ndarray]:
-        """Every model variable, full single-device values, on every rank. Collective."""
+    def weights(self, served: dict[str, dict[int, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+        """Every model variable, full single-device values, on every rank. Collective.
+        ``served``: this rank's partitions of every PS variable (an asynchronous snapshot),
+        used instead of the shards and the model's copies."""
         out = {}
         by_name = {s.name: s for s in self.syncs}
         for i, variable in enumerate(self.model.variables):
             sync = by_name.get(variable.path)
-            if sync is not None and sync.ps_sparse:
+            if sync is not None and served is not None and sync.shard is not None:
+                out[variable.path] = self.gather_partitions(sync, served[sync.name], f"w{i}")
+            elif sync is not None and sync.ps_sparse:
                 out[variable.path] = self.gather_partitions(sync, sync.shard.values(), f"w{i}")
             else:
                 out[variable.path] = np.array(variable.numpy())
@@ -452,25 +481,21 @@ class Trainer:
 
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise ConfigError(f"steps must be a whole number >= 0, got {steps!r}")
-        if self.asynchronous and (checkpoint_dir or resume):
-            self._finish_async()
-            raise ConfigError(f"checkpoints of asynchronous training are not written yet (checkpoint_dir="
-                              f"{checkpoint_dir!r}, resume={resume!r})",
-                              hint="train without checkpoint_dir and resume, or synchronously (plan.with_sync(True))")
-        if checkpoint_dir and self.rank == 0:
-            for stale in ckpt.remove_stale_temporaries(checkpoint_dir):
-                _print(f"parallax_nb: removed {stale}, left by a checkpoint write that did not finish")
-        if resume and checkpoint_dir:
-            latest = self._newest_valid_checkpoint(checkpoint_dir)
-            if latest is not None:
-                ckpt.restore(self, latest)
         own_watchdog = self.watchdog is None and bool(step_timeout_s)
         if own_watchdog:
             self.watchdog = start_watchdog(step_timeout_s, self.rank, self.ranks, self.info.hostname)
         history: list[StepRecord] = []
         saved: list[str] = []
-        stopped = False
+        stopped = stop_wanted = False
         try:
+            if checkpoint_dir and self.rank == 0:
+                for stale in ckpt.remove_stale_temporaries(checkpoint_dir):
+                    _print(f"parallax_nb: removed {stale}, left by a checkpoint write that did not finish")
+            if resume and checkpoint_dir:
+                latest = self._newest_valid_checkpoint(checkpoint_dir)
+                if latest is not None:
+                    ckpt.restore(self, latest)
+                    self._serve_restored()
             # the data start-up (the first batch of the iterator) is timed as part of step 1
             self._watch("first batch", self.step + 1, STEP)
             data = iter(self.job.dataset(self.rank, self.ranks).skip(self.step))
@@ -488,24 +513,34 @@ class Trainer:
                 self._watch("callback", step)
                 if on_step is not None:
                     on_step(record)
+                stop_wanted = stop_wanted or self.stop_agreed
                 if checkpoint_dir and checkpoint_every and self.step % checkpoint_every == 0:
                     self._watch("checkpoint", step, max(self._step_timeout(), SLOW_LIMIT_S))
-                    saved.append(ckpt.save(self, checkpoint_dir))
-                if self.stop_agreed and self.step < steps:
+                    saved.append(self._save_checkpoint(checkpoint_dir, stop_wanted))
+                if self._stopping(checkpoint_dir, checkpoint_every) and self.step < steps:
                     stopped = True
                     break
             staleness = None
+            final_step = self.step
             if self.asynchronous:
                 self._watch("finishing", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
                 self._finish_async()
                 staleness = self._measured_staleness()
+                if checkpoint_dir:   # a worker that stopped alone ended before the others
+                    final_step = max(self.hvd.allgather_object(self.step, name="px_final_step")
+                                     if self.ranks > 1 else [self.step])
             self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
-            if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(self.step))):
-                saved.append(ckpt.save(self, checkpoint_dir))
+            if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(final_step))):
+                saved.append(ckpt.save(self, checkpoint_dir, step=final_step))
             progress.phase("run", "gathering the trained weights")
             weights = self.weights()
             guards.check_finite_arrays(weights, self.step, "the trained model")
             self._watch("done", self.step, None)
+        except BaseException as error:
+            if self.server is not None:   # the others hear of it at their next wait, instead of timing out
+                server, self.server = self.server, None
+                server.abort(error)
+            raise
         finally:
             if own_watchdog:
                 self.watchdog.stop()
@@ -520,6 +555,15 @@ class Trainer:
             batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks),
             executed_plan=self.executed, staleness=staleness)
 
+    def _stopping(self, checkpoint_dir: str | None, checkpoint_every: int) -> bool:
+        """Stop after this step? Synchronous: when any rank asked (agreed in the step).
+        Asynchronous: this rank alone, when it was asked; with periodic checkpoints only at a
+        checkpoint whose snapshot agreed it, so that every rank stops at that step together
+        (a rank that stopped alone could not take part in the next checkpoint)."""
+        if self.asynchronous and checkpoint_dir and checkpoint_every:
+            return self.step % checkpoint_every == 0 and self.stop_agreed
+        return self.stop_agreed
+
     def _measured_staleness(self):
         """Every rank's steps ahead of the slowest over this run (:mod:`parallax_nb.staleness`),
         the same on every rank. Collective."""
@@ -529,6 +573,28 @@ class Trainer:
         if self.ranks > 1:
             per_rank = self.hvd.allgather_object(per_rank[0], name="px_steps_ahead")
         return MeasuredStaleness.from_steps_ahead(per_rank, self.plan.max_staleness)
+
+    def _save_checkpoint(self, directory: str, stop_wanted: bool) -> str:
+        """A checkpoint at this step (collective). Asynchronous: of the owners' consistent
+        snapshot (:meth:`.async_ps.AsyncPS.snapshot`: exactly the pushes of every worker's
+        steps before this one), whose exchange also carries ``stop_wanted``: afterwards
+        :attr:`stop_agreed` says whether any worker asked to stop since the last checkpoint,
+        the same on every rank, so all stop together here."""
+        from . import checkpoint as ckpt
+
+        if self.server is None:
+            return ckpt.save(self, directory)
+        served = self.server.snapshot(stop=stop_wanted)
+        self.stop_agreed = self.server.stop_agreed
+        return ckpt.save(self, directory, weights=self.weights(served))
+
+    def _serve_restored(self) -> None:
+        """Asynchronous: serve the partitions a resumed checkpoint put into the shards, as the
+        state after its step, on every rank before any worker pulls (a barrier). Collective."""
+        if self.server is None:
+            return
+        self.server.load({s.name: s.shard.values() for s in self.syncs if s.shard is not None}, self.step)
+        barrier(f"async_resumed_{self.step}")
 
     def _finish_async(self) -> None:
         """Close this rank's asynchronous PS (it serves the others until every worker is done)
