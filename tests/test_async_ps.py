@@ -171,7 +171,8 @@ def test_a_worker_that_aborts_ends_the_others_naming_it_at_once(launches):
     assert aborted["error"] is None and aborted["steps"] == 3
     assert other["error"] == (f"rank 0 stopped: rank 1 on host {socket.gethostname()} failed during asynchronous "
                               "training: ValueError: the step raised"), other
-    assert other["steps"] >= 3
+    # how many steps rank 0 made before the abort reached it depends on how the ranks' starts
+    # interleaved (3 and more here, 2 in a fresh-clone CI run): not checked
     assert abs(other["at"] - aborted["at"]) < 2.0, other["at"] - aborted["at"]
     assert not aborted["server_alive"] and not other["server_alive"]
 
