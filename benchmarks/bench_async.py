@@ -51,6 +51,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from parallax_nb.netem.network import parse_spec  # noqa: E402
+
 CONFIGS = ("sync", "async", "ssp")
 
 
@@ -143,9 +145,9 @@ def predicted_outlook(setting: str, args) -> dict:
     if setting.startswith("loop"):
         cluster = ClusterSpec.create(machines=1, workers_per_machine=ranks_of(setting))
     else:
-        shape, bandwidth = setting.split("@")
-        machines, per_machine = (int(v) for v in shape.split("x"))
-        cluster = ClusterSpec.create(machines=machines, workers_per_machine=per_machine, bandwidth=bandwidth)
+        machines, per_machine, bandwidth = parse_spec(setting)
+        cluster = ClusterSpec.create(machines=machines, workers_per_machine=per_machine,
+                                     **({"bandwidth": bandwidth} if bandwidth else {}))
     profile = px.profile(job, steps=10)
     plan = make_plan(profile, cluster, "ps").with_sync(False, max_staleness=args.ssp)
     outlook = straggler_outlook(estimate(profile, plan), slowdown=args.slowdown, max_staleness=args.ssp)
@@ -168,8 +170,8 @@ def ranks_of(setting: str) -> int:
     """Ranks of a setting: ``loopN`` -> N, ``MxG@bandwidth`` -> M x G."""
     if setting.startswith("loop"):
         return int(setting[4:])
-    machines, per_machine = setting.split("@")[0].split("x")
-    return int(machines) * int(per_machine)
+    machines, per_machine, _ = parse_spec(setting)
+    return machines * per_machine
 
 
 def async_learning_rate(args, ranks: int) -> float:

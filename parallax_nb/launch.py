@@ -159,6 +159,19 @@ def mpi_exit_culprit(output: str) -> tuple[int, str | None, str] | None:
     return int(m.group(1)), m.group(2).rstrip("."), f"killed by signal {number} ({name})"
 
 
+def rank_death_error(output: str, np: int, returncode: int) -> DistributedError | None:
+    """The error naming the rank that died without a word (SIGKILL, a crash) by rank, host and
+    signal or exit code, from mpirun's ``output`` when it says which (:func:`mpi_exit_culprit`);
+    None otherwise. The command line and :func:`run_on_ranks` raise the same."""
+    culprit = mpi_exit_culprit(output) if returncode != 0 else None
+    if culprit is None:
+        return None
+    rank, host, how = culprit
+    return DistributedError(f"rank {rank} of {np} on host {host or '?'} died: {how} (mpirun exited with status "
+                            f"{returncode})",
+                            hint="SIGKILL (9) often means out of memory: see `dmesg`; the other ranks were stopped")
+
+
 #: resident memory of one idle rank (Python, TensorFlow, Horovod, MPI) before any model:
 #: 517 MiB measured here (TensorFlow 2.18.1, Horovod 0.28.1), rounded up
 RANK_BASE_BYTES = 600 * 2**20
@@ -305,13 +318,9 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
             raise DistributedError(f"{np}-rank job did not finish within {timeout_s:g} s and was killed; "
                                    f"last output:\n{_tail(output)}",
                                    hint="a rank may hang in a collective: pass step_timeout_s to train()")
-        culprit = mpi_exit_culprit(output) if proc.returncode != 0 else None
-        if culprit is not None:   # a rank that died without a word (SIGKILL, a crash): as the CLI names it
-            rank, host, how = culprit
-            raise DistributedError(f"rank {rank} of {np} on host {host or '?'} died: {how} (mpirun exited with "
-                                   f"status {proc.returncode})",
-                                   hint="SIGKILL (9) often means out of memory: see `dmesg`; the other ranks were "
-                                        "stopped")
+        died = rank_death_error(output, np, proc.returncode)
+        if died is not None:   # a rank that died without a word (SIGKILL, a crash): as the CLI names it
+            raise died
         results = []
         for rank in range(np):
             path = os.path.join(workdir, f"result-{rank}.pkl")

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import async_trainer_cases as cases
+from test_reliability import _wait_gone
 
 pytestmark = pytest.mark.mpi
 
@@ -271,22 +272,9 @@ def test_a_sigkilled_rank_is_named_within_10_s_and_nothing_is_left(tmp_path):
                      rf"signal 9 \(SIGKILL\)", message), message
     assert took < NAMED_WITHIN_S, f"{took:.1f} s from the SIGKILL to the launcher's error"
     pids = [int((markers / f"pid-{r}").read_text()) for r in range(3)]
-    assert not _alive(pids), f"ranks left running after the launcher returned: {_alive(pids)}"
+    assert not _wait_gone(pids, 0), f"ranks left running after the launcher returned: {_wait_gone(pids, 0)}"
     assert not (out / "model.keras").exists()
     print(f"\nasync, rank 1 SIGKILLed in step 4: named {took:.1f} s later: {message.splitlines()[0]}")
-
-
-def _alive(pids: list[int]) -> list[int]:
-    import psutil
-
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
 
 
 def test_a_sigkilled_rank_under_run_on_ranks_is_named_within_10_s(tmp_path):
@@ -304,7 +292,7 @@ def test_a_sigkilled_rank_under_run_on_ranks_is_named_within_10_s(tmp_path):
                      message), message[-3000:]
     assert took < NAMED_WITHIN_S, f"{took:.1f} s from the SIGKILL to the error"
     pids = [int((tmp_path / f"pid-{r}").read_text()) for r in range(2)]
-    assert not _alive(pids), f"ranks left running: {_alive(pids)}"
+    assert not _wait_gone(pids, 0), f"ranks left running: {_wait_gone(pids, 0)}"
     print(f"\nrun_on_ranks, async, rank 1 SIGKILLed after step 4: named {took:.1f} s later: {message.splitlines()[0]}")
 
 

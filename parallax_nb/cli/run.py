@@ -172,7 +172,7 @@ def _peak_memory_per_rank(profile_path: str | None) -> int | None:
 
 def _run_mpirun(args, errors: str) -> int:
     from ..failures import read_failures
-    from ..launch import OutputPump, kill_process_group, mpi_exit_culprit, mpirun_command, \
+    from ..launch import OutputPump, kill_process_group, mpirun_command, rank_death_error, \
         rank_environment, start_mpirun
 
     argv = [sys.executable, "-m", "parallax_nb", "run", *_argv_of(args)]
@@ -199,14 +199,8 @@ def _run_mpirun(args, errors: str) -> int:
         rank, _, text = failures[0]
         raise DistributedError(f"rank {rank} of {args.np} failed:\n{text.rstrip()}")
     if proc.returncode != 0:
-        culprit = mpi_exit_culprit("".join(pump.text for pump in pumps))
-        if culprit is not None:
-            rank, host, how = culprit
-            raise DistributedError(f"rank {rank} of {args.np} on host {host or '?'} died: {how} (mpirun exited with status "
-                                   f"{proc.returncode})",
-                                   hint="SIGKILL (9) often means out of memory: see `dmesg`; the other ranks were "
-                                        "stopped")
-        raise DistributedError(f"mpirun exited with status {proc.returncode}")
+        died = rank_death_error("".join(pump.text for pump in pumps), args.np, proc.returncode)
+        raise died if died is not None else DistributedError(f"mpirun exited with status {proc.returncode}")
     model_file = "model.keras" if os.path.exists(os.path.join(args.output, "model.keras")) else "model.weights.h5"
     print(f"parallax_nb run: wrote {args.output}/{model_file}, history.csv, run.json", file=sys.stderr)
     return 0
