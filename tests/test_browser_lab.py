@@ -23,6 +23,9 @@ import urllib.request
 import pytest
 from browser_contrast import low_contrast
 
+from parallax_nb import labels
+from parallax_nb.types import Architecture
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 CHROMIUM = "/usr/bin/chromium"
@@ -357,3 +360,33 @@ def test_saved_notebook_reopens_with_every_view(lab, browser, executed, test_out
         fresh.locator(VIEWS["run"]).first.screenshot(path=str(test_output_dir / "browser_lab_reopened_run.png"))
     finally:
         fresh.close()
+
+
+def test_an_asynchronous_plans_training_card_shows_the_straggler_outlook_in_both_themes(executed, test_output_dir):
+    """PS, then "async" in the browser: the training card says what one worker 2x slower does
+    to sync and async examples/s, readable (4.5:1) in the light and the dark theme; screenshots
+    of the cards in test-output/. Back to HYBRID and sync afterwards."""
+    page, _ = executed
+    planner = page.locator(".parallax-planner-view").first
+    planner.scroll_into_view_if_needed()
+    card = planner.locator(".parallax-sync").first
+    planner.get_by_role("button", name=labels.text(Architecture.PS), exact=True).first.click()   # not the method's
+    planner.get_by_role("button", name="async", exact=True).click()
+    page.wait_for_function("s => document.querySelector(s) && document.querySelector(s).innerText"
+                           ".includes('With one worker 2x slower per step')", arg=".parallax-planner-view .parallax-sync",
+                           timeout=30_000)
+    text = card.inner_text()
+    assert "asynchronous, unbounded staleness" in text and "examples/s (" in text, text
+    try:
+        for theme in ("light", "dark"):
+            _set_theme(page, theme)
+            card.evaluate("e => e.scrollIntoView({block: 'center'})")
+            time.sleep(0.3)
+            planner.locator(".parallax-comm").first.locator("xpath=..").screenshot(
+                path=str(test_output_dir / f"browser_lab_async_outlook_{theme}.png"))
+            low, measured = low_contrast(page, ".parallax-planner-view .parallax-sync")
+            assert measured > 2 and not low, (theme, measured, low)
+    finally:
+        _set_theme(page, "light")
+        planner.get_by_role("button", name="sync", exact=True).click()
+        planner.get_by_role("button", name=labels.text(Architecture.HYBRID), exact=True).click()
