@@ -310,6 +310,36 @@ def test_planner_keeps_the_last_valid_plan_on_bad_input(executed):
     error.wait_for(state="hidden", timeout=30_000)
 
 
+def test_an_asynchronous_plans_training_card_shows_the_straggler_outlook_in_both_themes(executed, test_output_dir):
+    """PS, then "async" in the browser: the training card says what one worker 2x slower does
+    to sync and async examples/s, readable (4.5:1) in the light and the dark theme; screenshots
+    of the cards in test-output/. Back to HYBRID and sync afterwards."""
+    page, _ = executed
+    planner = page.locator(".parallax-planner-view").first
+    planner.scroll_into_view_if_needed()
+    card = planner.locator(".parallax-sync").first
+    planner.get_by_role("button", name=labels.text(Architecture.PS), exact=True).first.click()   # not the method's
+    planner.get_by_role("button", name="async", exact=True).click()
+    page.wait_for_function("s => document.querySelector(s) && document.querySelector(s).innerText"
+                           ".includes('With one worker 2x slower per step')", arg=".parallax-planner-view .parallax-sync",
+                           timeout=30_000)
+    text = card.inner_text()
+    assert "asynchronous, unbounded staleness" in text and "examples/s (" in text, text
+    try:
+        for theme in ("light", "dark"):
+            _set_theme(page, theme)
+            card.evaluate("e => e.scrollIntoView({block: 'center'})")
+            time.sleep(0.3)
+            planner.locator(".parallax-comm").first.locator("xpath=..").screenshot(
+                path=str(test_output_dir / f"browser_lab_async_outlook_{theme}.png"))
+            low, measured = low_contrast(page, ".parallax-planner-view .parallax-sync")
+            assert measured > 2 and not low, (theme, measured, low)
+    finally:
+        _set_theme(page, "light")
+        planner.get_by_role("button", name="sync", exact=True).click()
+        planner.get_by_role("button", name=labels.text(Architecture.HYBRID), exact=True).click()
+
+
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_views_are_readable_in_light_and_dark_themes(executed, theme, test_output_dir):
     page, _ = executed
@@ -361,32 +391,3 @@ def test_saved_notebook_reopens_with_every_view(lab, browser, executed, test_out
     finally:
         fresh.close()
 
-
-def test_an_asynchronous_plans_training_card_shows_the_straggler_outlook_in_both_themes(executed, test_output_dir):
-    """PS, then "async" in the browser: the training card says what one worker 2x slower does
-    to sync and async examples/s, readable (4.5:1) in the light and the dark theme; screenshots
-    of the cards in test-output/. Back to HYBRID and sync afterwards."""
-    page, _ = executed
-    planner = page.locator(".parallax-planner-view").first
-    planner.scroll_into_view_if_needed()
-    card = planner.locator(".parallax-sync").first
-    planner.get_by_role("button", name=labels.text(Architecture.PS), exact=True).first.click()   # not the method's
-    planner.get_by_role("button", name="async", exact=True).click()
-    page.wait_for_function("s => document.querySelector(s) && document.querySelector(s).innerText"
-                           ".includes('With one worker 2x slower per step')", arg=".parallax-planner-view .parallax-sync",
-                           timeout=30_000)
-    text = card.inner_text()
-    assert "asynchronous, unbounded staleness" in text and "examples/s (" in text, text
-    try:
-        for theme in ("light", "dark"):
-            _set_theme(page, theme)
-            card.evaluate("e => e.scrollIntoView({block: 'center'})")
-            time.sleep(0.3)
-            planner.locator(".parallax-comm").first.locator("xpath=..").screenshot(
-                path=str(test_output_dir / f"browser_lab_async_outlook_{theme}.png"))
-            low, measured = low_contrast(page, ".parallax-planner-view .parallax-sync")
-            assert measured > 2 and not low, (theme, measured, low)
-    finally:
-        _set_theme(page, "light")
-        planner.get_by_role("button", name="sync", exact=True).click()
-        planner.get_by_role("button", name=labels.text(Architecture.HYBRID), exact=True).click()
