@@ -360,21 +360,9 @@ def _rank_main(payload: str, out_dir: str) -> None:
     from .runtime.context import shutdown
 
     shutdown()
-    _finalize_mpi4py()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _finalize_mpi4py() -> None:
-    """Finalise MPI if mpi4py started it: Horovod's shutdown finalises only an MPI it
-    initialised itself, and mpi4py's own exit hook never runs under ``os._exit``, so a rank
-    whose function imported ``mpi4py.MPI`` before Horovod started would end with MPI still
-    initialised, which mpirun reports as exiting improperly (the run fails although every
-    rank returned)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
 
 
 if __name__ == "__main__":

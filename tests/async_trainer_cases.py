@@ -70,15 +70,20 @@ def constant_gradient_case(steps: int, partitions: int, max_staleness, slow_rank
 
     plan = plan_for_kinds({TABLE: "sparse", BIAS: "dense"}, "ps", partitions=partitions, model_name="constant_gradient",
                           sync=False, max_staleness=max_staleness)
+    import horovod.tensorflow as hvd
+
     trainer = Trainer(constant_gradient_job(), plan)
+    horovod_in_steps = []
 
     def on_step(record):
+        horovod_in_steps.append(hvd.is_initialized())
         if trainer.rank == slow_rank:
             time.sleep(slow_s)
 
     result = trainer.run(steps, on_step=on_step, step_timeout_s=120)
     out = {"rank": trainer.rank, "steps_ahead": list(trainer.steps_ahead), "losses": [r.loss for r in result.history],
-           "bytes": [r.bytes_by_variable for r in result.history]}
+           "bytes": [r.bytes_by_variable for r in result.history], "horovod_in_steps": horovod_in_steps,
+           "horovod_after": hvd.is_initialized()}
     if trainer.rank == 0:
         out["weights"] = result.weights
     return out

@@ -13,8 +13,10 @@ Horovod over Open MPI: one launch per rank count (1, 2, 3).
   worker's steps before it)``; a run resumed from one ends exactly where the exactly-once
   expectation of all its steps is; a stop asked by one rank stops every rank together at the
   next checkpoint.
+* Horovod is parked through the asynchronous steps and running again after each run (every
+  case of a launch runs in the same processes, as on notebook engines).
 * A step that raises on one rank (its NaN guard; its ``on_step`` callback), last in those
-  launches: that rank ends with its own error, every other rank with a DistributedError
+  launches (the second starts Horovod again after the first left it parked): that rank ends with its own error, every other rank with a DistributedError
   naming it, its host and its error within 10 s, and no rank has a serving thread left.
 """
 from __future__ import annotations
@@ -121,6 +123,10 @@ def test_every_push_is_applied_exactly_once(launched, ranks, partitions):
         for r in per_rank:
             table_bytes = np.sum([step[cases.TABLE] for step in r[i]["bytes"]], axis=0)
             assert table_bytes[0] > 0 and table_bytes[1] > 0, (k, r[i]["rank"], table_bytes)
+        # Horovod parked through the steps (its negotiation would spin), running again after
+        # the run, and started again by the next run in the same process (the next case)
+        assert all(r[i]["horovod_in_steps"] == [False] * STEPS for r in per_rank), k
+        assert all(r[i]["horovod_after"] for r in per_rank), k
 
 
 def test_cli_run_async_records_sync_and_the_measured_staleness(tmp_path):

@@ -8,15 +8,22 @@ into ``P`` partitions lives in partition ``p = i mod P`` at local row ``i div P`
 ``p mod N``. Each rank runs one *serving thread* that receives, on a communicator of its own
 (a duplicate of the job's, so nothing it sends can match Horovod's or the trainer's messages):
 
-* ``pull(ids)``: answers with the rows, as they are when the request is served;
-* ``push(ids, grads)``: applies the update to its partitions, then acknowledges. Duplicate
-  ids of one push are summed first (as the synchronous PS does), so each touched row gets
-  one update per push: SGD ``w[i] -= lr * sum of the push's gradients of row i``;
+* ``pull``, ids of one or more variables: answers with their rows, as they are when the
+  request is served;
+* ``push``, ids and gradients of one or more variables: applies the update to its partitions
+  (all of them, or none when one is refused), then acknowledges once. Duplicate ids of one
+  push are summed first (as the synchronous PS does), so each touched row gets one update
+  per push: SGD ``w[i] -= lr * sum of the push's gradients of row i``;
 * ``clock(c)``: worker ``r`` has finished ``c`` steps; ``done``: worker ``r`` has finished.
 
-The training thread of the same rank is the *worker*: :meth:`AsyncPS.pull`,
-:meth:`AsyncPS.push`, :meth:`AsyncPS.end_step`, :meth:`AsyncPS.close`. What a worker asks of
-its own rank's partitions it does itself, in-process, without a message to itself.
+The training thread of the same rank is the *worker*: :meth:`AsyncPS.pull` (or
+:meth:`AsyncPS.pull_many`), :meth:`AsyncPS.push` (or :meth:`AsyncPS.push_many`),
+:meth:`AsyncPS.end_step`, :meth:`AsyncPS.close`. What a worker asks of its own rank's
+partitions it does itself, in-process, without a message to itself. A step's messages are
+one per owner and kind, whatever the number of variables: the trainer pulls all of a step's
+dense variables in one :meth:`~AsyncPS.pull_many` and pushes all of its gradients in one
+:meth:`~AsyncPS.push_many` (each round trip costs a serving thread's wake-up and a pickled
+message, which on a loaded machine is most of a small step).
 
 Exactly once
 ------------
@@ -60,8 +67,8 @@ Shutdown
 and its serving thread goes on serving the others until all ``N`` workers said done. MPI
 keeps each sender's messages in order, so a worker's ``done`` is the last message an owner
 gets from it: the queue is empty when the last one arrives, and the thread ends. Then the
-ranks pass a barrier, so none leaves while another still exchanges with it: Horovod's
-shutdown on one rank (at the end of a rank started by ``run_on_ranks``) ends MPI under the
+ranks pass a barrier, so none leaves while another still exchanges with it: the end of one
+rank (MPI finalised at the end of a rank started by ``run_on_ranks``) ends MPI under the
 other ranks too (measured: a rank still polling MPI from a second thread crashed with a
 segmentation fault when the other rank exited, 3 of 3 runs; with a barrier before leaving,
 3 of 3 clean). Every wait (a reply, an acknowledgement, an SSP turn, a snapshot, the end)
@@ -194,11 +201,8 @@ def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def mpi():
-    """mpi4py's MPI, initialised the way the runtime expects: Horovod first, so that Horovod's
-    shutdown finalises MPI at the rank's end. (Importing ``mpi4py.MPI`` first initialises MPI
-    from mpi4py; Horovod then leaves finalising to mpi4py's exit hook, which a rank leaving
-    with ``os._exit`` never runs, and mpirun reports the rank as "exiting improperly".)
-    Refused when a second thread may not call MPI."""
+    """mpi4py's MPI, initialised the way the runtime expects (:func:`.context.horovod`: mpi4py
+    starts MPI, then Horovod joins it). Refused when a second thread may not call MPI."""
     from .context import horovod
 
     horovod()
@@ -293,49 +297,73 @@ class AsyncPS:
     def pull(self, name: str, ids) -> np.ndarray:
         """Rows ``ids`` (any shape of int ids, duplicates allowed) of variable ``name`` as their
         owners hold them now: shape ``ids.shape + row_shape``. Waits first for its SSP turn."""
+        return self.pull_many({name: ids})[name]
+
+    def pull_many(self, wanted: dict) -> dict[str, np.ndarray]:
+        """:meth:`pull` of several variables at once (name -> ids): one request to each owner
+        for all of them, so a step that reads several variables waits for one round trip."""
         self._check_usable()
-        table = self._table(name)
-        ids = np.asarray(ids, dtype=np.int64)
+        asked: dict[str, tuple] = {}   # name -> (ids, unique, inverse, owners)
+        for name, ids in wanted.items():
+            table = self._table(name)
+            ids = np.asarray(ids, dtype=np.int64)
+            unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+            asked[name] = (ids, unique, inverse, self._owners(table, unique))
         self.wait_turn()
-        unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
-        owners = self._owners(table, unique)
-        remote = [o for o in range(self.ranks) if o != self.rank and np.any(owners == o)]
-        for owner in remote:
-            asked = unique[owners == owner]
-            self._send((name, asked), owner, PULL)
-            self._count(name, owner, asked.nbytes, 0)
-        rows = np.empty((len(unique),) + table.row_shape, table.dtype)
-        mine = owners == self.rank
-        if np.any(mine):
-            with self._state:
-                rows[mine] = self._rows(name, unique[mine])
-        for owner in remote:
-            got = self._receive(owner, ROWS, f"the pull of {name!r}")
-            self._count(name, owner, 0, got.nbytes)
-            rows[owners == owner] = got
-        return rows[inverse].reshape(ids.shape + table.row_shape)
+        remote = {}   # owner -> the names asked of it, in order
+        for name, (_, unique, _, owners) in asked.items():
+            for owner in np.unique(owners).tolist():
+                if owner != self.rank:
+                    remote.setdefault(owner, []).append(name)
+        for owner, names in remote.items():
+            request = [(name, asked[name][1][asked[name][3] == owner]) for name in names]
+            self._send(request, owner, PULL)
+            for name, ids in request:
+                self._count(name, owner, ids.nbytes, 0)
+        rows = {name: np.empty((len(unique),) + self.tables[name].row_shape, self.tables[name].dtype)
+                for name, (_, unique, _, _) in asked.items()}
+        with self._state:
+            for name, (_, unique, _, owners) in asked.items():
+                mine = owners == self.rank
+                if np.any(mine):
+                    rows[name][mine] = self._rows(name, unique[mine])
+        for owner, names in remote.items():
+            got = self._receive(owner, ROWS, f"the pull of {', '.join(map(repr, names))}")
+            for name, part in zip(names, got):
+                self._count(name, owner, 0, part.nbytes)
+                rows[name][asked[name][3] == owner] = part
+        return {name: rows[name][inverse].reshape(ids.shape + self.tables[name].row_shape)
+                for name, (ids, _, inverse, _) in asked.items()}
 
     def push(self, name: str, ids, grads) -> None:
         """Send the gradients ``grads`` of rows ``ids`` (``grads.shape = ids.shape + row_shape``)
         to their owners (applied at once when this rank owns them); returns without waiting.
         Duplicate ids are summed here, before sending."""
+        self.push_many([(name, ids, grads)])
+
+    def push_many(self, pushes: list[tuple]) -> None:
+        """:meth:`push` of several variables at once ((name, ids, grads) each): one message to
+        each owner for all of them, applied by the owner together (all of it or, when a part
+        is refused, none of it) and acknowledged once."""
         self._check_usable()
-        table = self._table(name)
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        grads = np.asarray(grads, dtype=table.dtype).reshape((len(ids),) + table.row_shape)
-        ids, grads = sum_duplicates(ids, grads)
-        owners = self._owners(table, ids)
-        for owner in range(self.ranks):
-            mine = owners == owner
-            if not np.any(mine):
-                continue
-            if owner == self.rank:
-                with self._state:
-                    self._apply(name, ids[mine], grads[mine])
-            else:
-                self._send((name, ids[mine], grads[mine]), owner, PUSH)
-                self._count(name, owner, ids[mine].nbytes + grads[mine].nbytes, 0)
-                self._unacked[owner] += 1
+        outgoing: dict[int, list] = {}   # owner -> [(name, ids, grads)]
+        for name, ids, grads in pushes:
+            table = self._table(name)
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            grads = np.asarray(grads, dtype=table.dtype).reshape((len(ids),) + table.row_shape)
+            ids, grads = sum_duplicates(ids, grads)
+            owners = self._owners(table, ids)
+            for owner in np.unique(owners).tolist():
+                mine = owners == owner
+                outgoing.setdefault(owner, []).append((name, ids[mine], grads[mine]))
+        if self.rank in outgoing:
+            with self._state:
+                self._apply_all(outgoing.pop(self.rank))
+        for owner, items in outgoing.items():
+            self._send(items, owner, PUSH)
+            for name, ids, grads in items:
+                self._count(name, owner, ids.nbytes + grads.nbytes, 0)
+            self._unacked[owner] += 1
 
     def end_step(self) -> None:
         """This worker finished a step: wait until its pushes are applied, then tell every rank."""
@@ -641,17 +669,17 @@ class AsyncPS:
 
     def _handle(self, source: int, tag: int, payload) -> list[tuple[int, int, object]]:
         """Serve one request from another rank; the replies to send as (rank, tag, payload)."""
-        if tag == PULL:
-            name, ids = payload
+        if tag == PULL:   # [(name, ids)] -> [rows] in the same order
             with self._state:
-                rows = self._guarded(self._rows, name, ids)
-                self._count(name, source, getattr(rows, "nbytes", 0), ids.nbytes)
+                rows = self._guarded(lambda: [self._rows(name, ids) for name, ids in payload])
+                for i, (name, ids) in enumerate(payload):
+                    self._count(name, source, rows[i].nbytes if isinstance(rows, list) else 0, ids.nbytes)
                 return [(source, ROWS, rows)]
-        if tag == PUSH:
-            name, ids, grads = payload
+        if tag == PUSH:   # [(name, ids, grads)], applied together
             with self._state:
-                self._count(name, source, 0, ids.nbytes + grads.nbytes)
-                return [(source, ACK, self._guarded(self._apply, name, ids, grads))]
+                for name, ids, grads in payload:
+                    self._count(name, source, 0, ids.nbytes + grads.nbytes)
+                return [(source, ACK, self._guarded(self._apply_all, payload))]
         if tag == CLOCK:
             with self._state:
                 self._clocks[source] = max(self._clocks[source], payload)
@@ -725,14 +753,19 @@ class AsyncPS:
             rows[mine] = part[local[mine]]
         return rows
 
-    def _apply(self, name: str, ids: np.ndarray, grads: np.ndarray) -> None:
-        """One push's update of this rank's partitions (call under ``_state``)."""
-        table = self.tables[name]
-        partitions, local = self._local(table, ids)
-        for p, part in table.parts.items():
-            mine = partitions == p
-            if np.any(mine):
-                self.update(part, local[mine], grads[mine])
+    def _apply_all(self, items: list[tuple]) -> None:
+        """One push's update of this rank's partitions, ``(name, ids, grads)`` per variable
+        (call under ``_state``): every part is checked before any is applied, so a refused
+        push changes nothing."""
+        located = []
+        for name, ids, grads in items:
+            table = self._table(name)
+            located.append((table, *self._local(table, ids), grads))
+        for table, partitions, local, grads in located:
+            for p, part in table.parts.items():
+                mine = partitions == p
+                if np.any(mine):
+                    self.update(part, local[mine], grads[mine])
         return None
 
 

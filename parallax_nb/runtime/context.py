@@ -1,18 +1,34 @@
 """Horovod, initialised once per process, and who this rank is.
 
-Every collective of the runtime goes through Horovod (MPI controller). ``hvd.init()`` is
-called at most once per process: MPI cannot be initialised twice, and ipyparallel engines
-run many ``train`` calls in one process.
+Every collective of the runtime goes through Horovod (MPI controller). MPI itself is started
+by mpi4py, at ``MPI_THREAD_MULTIPLE``, before Horovod: MPI cannot be initialised twice
+(ipyparallel engines run many ``train`` calls in one process), and an MPI that Horovod did not
+start is one Horovod's shutdown leaves running, so Horovod can be *parked*.
+
+Parking (:func:`park_horovod`, :func:`resume_horovod`): while Horovod runs, its background
+thread negotiates with every other rank once per cycle (1 ms), in blocking MPI collectives
+that spin while any rank is late. Synchronous steps keep the ranks together, so that costs
+little; asynchronous workers are never together, and the spinning took the cores the
+workers and the serving threads needed. Measured on the emulated 2 x 2 cluster (4 ranks on
+2 cores, LM small, asynchronous PS): one thread per rank at 60-100 % of a core, and 50 to
+1,600 ms a step that varied from run to run, against 32-42 ms in 3 of 3 runs with Horovod
+parked for the asynchronous steps. Parking is ``hvd.shutdown()`` after a barrier (a
+shutdown ends the Horovod operations of every rank, so none may still be in one); resuming is
+``hvd.init()`` again, about 1-3 ms each.
 """
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 from ..errors import SetupError
 
 _initialised = False
+_parked = False      # park_horovod() ran, resume_horovod() not yet
+_abandoned = False   # ... and the run that parked it ended in an error: resume on next use
+_rank_info: "RankInfo | None" = None
 _process_sets: dict[tuple[int, ...], object] = {}
 
 
@@ -40,7 +56,10 @@ def horovod():
     except ImportError as e:
         raise SetupError(f"Horovod for TensorFlow cannot be imported: {e}",
                          hint="run scripts/setup.sh (builds horovod==0.28.1 against the installed TensorFlow)") from None
+    if _parked and _abandoned:   # the run that parked it failed: every rank's next run starts here
+        resume_horovod()
     if not _initialised:
+        _start_mpi()
         # "dynamic": process sets (a machine's ranks, one local index across machines) are
         # added once the run knows its machines (:func:`process_set`)
         hvd.init(process_sets="dynamic")
@@ -52,6 +71,48 @@ def horovod():
         place_process(hvd.local_rank(), hvd.local_size(), socket.gethostname())  # before any TensorFlow op
         _initialised = True
     return hvd
+
+
+def _start_mpi() -> None:
+    """MPI started by mpi4py at ``MPI_THREAD_MULTIPLE`` (the serving threads of the
+    asynchronous PS call MPI beside the training thread), unless something started it already."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI  # noqa: F401  (importing it initialises MPI)
+
+
+def park_horovod() -> None:
+    """Stop Horovod's background thread until :func:`resume_horovod` (module docstring).
+    Collective: every rank, after its last Horovod operation before the parked stretch. The
+    process sets die with it and are added again on their next use."""
+    global _parked
+    hvd = horovod()
+    barrier("px_park")
+    hvd.shutdown()
+    _process_sets.clear()
+    _parked = True
+
+
+def resume_horovod() -> None:
+    """Start Horovod again after :func:`park_horovod` (collective: every rank); a no-op when
+    it is not parked."""
+    global _parked, _abandoned
+    if not _parked:
+        return
+    import horovod.tensorflow as hvd
+
+    hvd.init(process_sets="dynamic")
+    _parked = _abandoned = False
+
+
+def abandon_park() -> None:
+    """The run that parked Horovod ends in an error, without the collective resume (another
+    rank may be dead): Horovod starts again at the next :func:`horovod` call, which every
+    rank's next run makes first. Until then Horovod's operations raise."""
+    global _abandoned
+    _abandoned = _parked
 
 
 def process_set(ranks: list[int]):
@@ -81,20 +142,30 @@ def remove_process_set(ranks: list[int]) -> None:
 
 
 def rank_info() -> RankInfo:
-    hvd = horovod()
-    return RankInfo(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
-                    cross_rank=hvd.cross_rank(), machines=hvd.cross_size(), hostname=socket.gethostname())
+    """Who this rank is (the same for the life of the process; known while Horovod is parked)."""
+    global _rank_info
+    if _rank_info is None:
+        hvd = horovod()
+        _rank_info = RankInfo(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                              local_size=hvd.local_size(), cross_rank=hvd.cross_rank(), machines=hvd.cross_size(),
+                              hostname=socket.gethostname())
+    return _rank_info
 
 
 def shutdown() -> None:
-    """Shut Horovod down (finalising MPI) if this process started it; a no-op otherwise."""
-    global _initialised
+    """At the end of a rank: shut Horovod down if this process started it, then finalise MPI
+    (mpi4py's exit hook would, but a rank that leaves with ``os._exit`` never runs it, and
+    mpirun reports a rank that left MPI initialised as exiting improperly)."""
+    global _initialised, _parked
     if _initialised:
         import horovod.tensorflow as hvd
 
         hvd.shutdown()
-        _initialised = False
+        _initialised = _parked = False
         _process_sets.clear()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
 _process_sets: dict[tuple[int, ...], object] = {}
 
 

@@ -26,7 +26,7 @@ rank 0's. Clipping and weight-decay choices of the user's optimizer act on whole
 across their shards (:mod:`.optimizer`).
 
 Asynchronous plans (``plan.sync`` False; every variable PS, :mod:`parallax_nb.plan`): the PS
-partitions are served by this rank's :class:`.async_ps.AsyncPS` (created after step 4, with
+partitions are served by this rank's :class:`.async_ps.AsyncPS` (created at set-up, with
 the plan's ``max_staleness``), and a step pulls rows and whole dense variables from their
 owners, computes this rank's gradient and pushes it after the step, with no collective and no
 barrier (:mod:`.exchanges.async_pull_push`). What differs from a synchronous run:
@@ -47,7 +47,11 @@ barrier (:mod:`.exchanges.async_pull_push`). What differs from a synchronous run
 * a step that raises on one rank (a NaN guard, a bad id, an exception in the model or in
   ``on_step``) aborts its :class:`.async_ps.AsyncPS` (:meth:`~.async_ps.AsyncPS.abort`): the
   other ranks raise a :class:`DistributedError` naming it at their next wait;
-* synchronised BatchNorm (a collective in the step) is refused: ``sync_batch_norm=False``.
+* synchronised BatchNorm (a collective in the step) is refused: ``sync_batch_norm=False``;
+* Horovod is parked (:func:`.context.park_horovod`) from the first step, once every rank has
+  traced it, to the end, and resumed for each checkpoint: the steps issue none of its
+  operations, and its background thread would spin on the cores (the module docstring of
+  :mod:`.context` has the figures). The step's pulls and pushes go through mpi4py.
 
 Each step starts with the rank's stale-synchronous wait (``AsyncPS.wait_turn``, before any
 pull), whose measured steps ahead of the slowest the step's record carries
@@ -72,7 +76,7 @@ from ..job import Job
 from ..types import Kind, Method
 from .accounting import ByteLedger
 from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
-from .context import barrier, configure_threads, horovod, rank_info
+from .context import abandon_park, barrier, configure_threads, horovod, park_horovod, rank_info, resume_horovod
 from .partitioning import RowPartitioning
 from .executed import executed_plan
 from .result import StepRecord, TrainResult
@@ -507,6 +511,7 @@ class Trainer:
                 if not history:
                     progress.phase("run", f"tracing the training step (step {self.step + 1})")
                     self._trace(x, y, step)
+                    self._park_for_async_steps(x, y)
                 self._watch("step", step)
                 record = self.run_step(x, y, stop_requested=should_stop is not None and bool(should_stop()))
                 history.append(record)
@@ -540,6 +545,7 @@ class Trainer:
             if self.server is not None:   # the others hear of it at their next wait, instead of timing out
                 server, self.server = self.server, None
                 server.abort(error)
+            abandon_park()   # resuming Horovod is collective, and a rank may be dead: the next run resumes it
             raise
         finally:
             if own_watchdog:
@@ -586,7 +592,11 @@ class Trainer:
             return ckpt.save(self, directory)
         served = self.server.snapshot(stop=stop_wanted)
         self.stop_agreed = self.server.stop_agreed
-        return ckpt.save(self, directory, weights=self.weights(served))
+        resume_horovod()   # the snapshot was a barrier of every worker: all are here
+        try:
+            return ckpt.save(self, directory, weights=self.weights(served))
+        finally:
+            self._park_for_async_steps()
 
     def _serve_restored(self) -> None:
         """Asynchronous: serve the partitions a resumed checkpoint put into the shards, as the
@@ -605,6 +615,7 @@ class Trainer:
         server, self.server = self.server, None
         self.steps_ahead = list(server.steps_ahead)
         final = server.close()
+        resume_horovod()   # close() ended with a barrier of every rank
         for i, sync in enumerate(self.syncs):
             if sync.shard is None:
                 continue
@@ -613,6 +624,20 @@ class Trainer:
                 variable.assign(parts[p])
             if sync.ps_dense:
                 sync.variable.assign(self.gather_partitions(sync, parts, f"async_{i}"))
+
+    def _park_for_async_steps(self, x=None, y=None) -> None:
+        """Asynchronous, several ranks: park Horovod (:func:`.context.park_horovod`) for the
+        steps, which issue none of its operations; its background thread's negotiation once a
+        millisecond with ranks that are never together would spin on the cores the workers
+        and the serving threads need. Given the first batch, the step is traced first, so
+        every rank starts stepping at once after the park's barrier (a rank still tracing
+        would otherwise hold up the others' first pulls). Collective."""
+        if self.server is None or self.ranks == 1:
+            return
+        if x is not None and self.watchdog is None:   # _trace traced it already under a watchdog
+            with self._user_errors():
+                self._step_fn.get_concrete_function(x, y, tf.constant(0.0))
+        park_horovod()
 
     def _step_timeout(self) -> float:
         return self.watchdog.step_timeout_s if self.watchdog is not None else 0.0

@@ -5,7 +5,8 @@ owners and pushes its own gradient of them, through the rank's :class:`~..async_
 A step of one worker:
 
 1. before the traced step (:meth:`AsyncDensePS.before_step`): every PS dense variable is pulled
-   whole into the model's copy of it, which the forward pass reads;
+   whole into the model's copy of it, which the forward pass reads, in one request to each
+   owner for all of them;
 2. inside the step, each ``embedding_lookup`` of a PS sparse variable (:class:`PulledRowsRouter`)
    pulls the lookup's unique ids through a ``tf.numpy_function`` and serves the lookup from
    the pulled rows, which the step's tape watches. The pull is made where the ids exist,
@@ -14,8 +15,9 @@ A step of one worker:
 3. the step returns, per lookup, the unique ids and the gradient of the loss with respect to
    their rows (duplicates of a row inside the batch summed), and per PS dense variable its
    whole gradient (:meth:`Exchange.gradients` hands nothing to the optimizer);
-4. after the step the trainer pushes them (:meth:`..sync.GradientExchange.push`): each owner
-   applies SGD to its partitions as a push arrives, exactly once, and ``end_step`` follows.
+4. after the step the trainer pushes them (:meth:`..sync.GradientExchange.push`), all of them
+   in one message to each owner, which applies SGD to its partitions as the push arrives,
+   exactly once; ``end_step`` follows.
 
 No division by W: an asynchronous worker's update is its own batch's gradient times the
 learning rate (Parallax's asynchronous PS, Hogwild-style), so W workers make W updates where
@@ -115,11 +117,13 @@ class AsyncDensePS(Exchange):
         self.outgoing: list[tuple] = []
 
     def before_step(self) -> None:
-        server = self.wire.server
+        """Pull every PS dense variable whole, in one request to each owner."""
+        if not self.syncs:
+            return
+        pulled = self.wire.server.pull_many({sync.name: np.arange(sync.shard.shape[0], dtype=np.int64)
+                                             for sync in self.syncs})
         for sync in self.syncs:
-            rows = sync.shard.shape[0]
-            full = server.pull(sync.name, np.arange(rows, dtype=np.int64))
-            sync.variable.assign(np.reshape(full, tuple(sync.variable.shape)))
+            sync.variable.assign(np.reshape(pulled[sync.name], tuple(sync.variable.shape)))
 
     def gradients(self, items, carried=None):
         self.outgoing = []
