@@ -100,6 +100,36 @@ def one_worker_against_sync(steps: int, partitions: int) -> dict:
     return dict(initial=initial, sync=table.numpy(), async_parts=parts, partitions=partitions)
 
 
+def many_at_once(partitions: int) -> dict:
+    """Two tables pulled and pushed together (``pull_many``, ``push_many``: one message per
+    owner for both), lock-step (``max_staleness`` 0, so the pull after the step sees every
+    worker's push). First a push whose second part is refused (a row id past the table): it
+    must change nothing, its valid first part included."""
+    from parallax_nb.errors import ConfigError
+    from parallax_nb.runtime.async_ps import SGD, AsyncPS
+
+    ids = np.arange(ROWS)
+    ps = AsyncPS.from_arrays({"a": initial_table(), "b": second_table()}, partitions, SGD(LEARNING_RATE),
+                             max_staleness=0, timeout_s=60)
+    out = {"rank": ps.rank}
+    both = ps.pull_many({"a": ids, "b": ids[::-1][:7].reshape(7, 1)})
+    out["pulled_a"], out["pulled_b"] = both["a"], both["b"]
+    try:
+        ps.push_many([("a", [0, 1], np.ones((2, DIM), np.float32)), ("b", [ROWS + 3], np.ones((1, 2), np.float32))])
+    except ConfigError as e:
+        out["refused"] = str(e)
+    ps.push_many([("a", ids, np.ones((ROWS, DIM), np.float32)), ("b", [0, 0, 5], np.ones((3, 2), np.float32))])
+    ps.end_step()
+    after = ps.pull_many({"a": ids, "b": ids})
+    out["after_a"], out["after_b"] = after["a"], after["b"]
+    ps.close()
+    return out
+
+
+def second_table() -> np.ndarray:
+    return 100 + np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2)
+
+
 def dead_peer_waits(timeout_s: float) -> dict:
     """Two ranks. (1) SSP: rank 1 does no step for a while, rank 0 (max_staleness 0) cannot start
     its second step: its wait must end in an error naming rank 1. (2) Rank 1's serving thread
@@ -175,7 +205,7 @@ def peer_abort(steps_before: int) -> dict:
 def run_cases(cases: list[dict]) -> list:
     """Run each ``{"name": ..., **kwargs}`` case on this rank, in order."""
     functions = dict(constant=constant_gradient_training, one_worker=one_worker_against_sync,
-                     dead_peer=dead_peer_waits, peer_abort=peer_abort)
+                     dead_peer=dead_peer_waits, peer_abort=peer_abort, many_at_once=many_at_once)
     from parallax_nb.runtime.async_ps import mpi
 
     results = []

@@ -50,8 +50,8 @@ def launches() -> dict:
 
     out = {}
     # peer_abort before dead_peer: dead_peer frees communicators with messages left unreceived
-    extra = [dict(name="one_worker", steps=ONE_WORKER_STEPS, partitions=2), dict(name="peer_abort", steps_before=3),
-             dict(name="dead_peer", timeout_s=1.0)]
+    extra = [dict(name="one_worker", steps=ONE_WORKER_STEPS, partitions=2), dict(name="many_at_once", partitions=3),
+             dict(name="peer_abort", steps_before=3), dict(name="dead_peer", timeout_s=1.0)]
     for ranks, more in ((2, extra), (3, [])):
         start = time.perf_counter()
         per_rank = run_on_ranks(cases.run_cases, ranks, args=(_constant_cases(ranks) + more,), timeout_s=300)
@@ -153,7 +153,7 @@ def test_one_worker_async_equals_sync_to_the_bit(launches):
 
 
 def test_a_dead_peer_is_named_instead_of_waited_for_forever(launches):
-    rank0, rank1 = launches[2][len(STALENESS) + 2]
+    rank0, rank1 = launches[2][len(STALENESS) + 3]
     assert "for rank(s) [1]" in rank0["ssp_error"] and "start step 1" in rank0["ssp_error"]
     assert "from rank 1" in rank0["pull_error"]
     assert "gave up earlier" in rank0["after_error"] and rank0["after_error_s"] < 0.5
@@ -167,7 +167,7 @@ def test_a_worker_that_aborts_ends_the_others_naming_it_at_once(launches):
     has a serving thread left."""
     import socket
 
-    other, aborted = launches[2][len(STALENESS) + 1]
+    other, aborted = launches[2][len(STALENESS) + 2]
     assert aborted["error"] is None and aborted["steps"] == 3
     assert other["error"] == (f"rank 0 stopped: rank 1 on host {socket.gethostname()} failed during asynchronous "
                               "training: ValueError: the step raised"), other
@@ -175,6 +175,24 @@ def test_a_worker_that_aborts_ends_the_others_naming_it_at_once(launches):
     # interleaved (3 and more here, 2 in a fresh-clone CI run): not checked
     assert abs(other["at"] - aborted["at"]) < 2.0, other["at"] - aborted["at"]
     assert not aborted["server_alive"] and not other["server_alive"]
+
+
+def test_several_variables_pulled_and_pushed_together_as_one_request_per_owner(launches):
+    """pull_many / push_many on 2 ranks, 3 partitions per table: the rows as they are, a push
+    refused in its second part changes nothing, and every push applied once."""
+    a, b = cases.initial_table(), cases.second_table()
+    for record in launches[2][len(STALENESS) + 1]:
+        # the other worker may have pushed its step 0 already (no barrier at the start): each
+        # row of "a" as it was, or less its one push; the rows of "b" read are never pushed
+        pulled = record["pulled_a"]
+        assert all(np.array_equal(row, a[i]) or np.array_equal(row, a[i] - cases.LEARNING_RATE)
+                   for i, row in enumerate(pulled)), pulled - a
+        np.testing.assert_array_equal(record["pulled_b"], b[::-1][:7].reshape(7, 1, 2))
+        assert f"row ids of 'b' must be in [0, {cases.ROWS})" in record["refused"]
+        np.testing.assert_array_equal(record["after_a"], a - cases.LEARNING_RATE * 2)   # both ranks' ones
+        pushed_b = np.zeros_like(b)
+        pushed_b[0], pushed_b[5] = 2 * 2, 2 * 1
+        np.testing.assert_array_equal(record["after_b"], b - cases.LEARNING_RATE * pushed_b)
 
 
 @pytest.mark.parametrize("bad", (-1, 1.5, True, "2"))
