@@ -182,6 +182,8 @@ def _single_device(path: str) -> tuple[int, dict]:
 def test_checkpoints_of_async_training_hold_exactly_the_steps_before_them(launched, ranks, partitions):
     import json
 
+    from parallax_nb.runtime.checkpoint import load
+
     records = launched(ranks, partitions)[len(BOUNDS)]
     every, steps = CKPT["every"], CKPT["steps"]
     paths = records[0]["checkpoints"]
@@ -192,6 +194,8 @@ def test_checkpoints_of_async_training_hold_exactly_the_steps_before_them(launch
         _assert_exactly(weights, ranks, step, path)
         meta = json.load(open(f"{path}/meta.json"))
         assert (meta["sync"], meta["ranks"], meta["step"]) == (False, ranks, step)
+        # the optimizer's counter says how far training went, as after synchronous steps
+        assert int(load(path).optimizer(":iteration")) == step, path
     _assert_exactly(records[0]["weights"], ranks, steps, "the first run's end")
 
 

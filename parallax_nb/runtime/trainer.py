@@ -535,6 +535,7 @@ class Trainer:
                     final_step = max(self.hvd.allgather_object(self.step, name="px_final_step")
                                      if self.ranks > 1 else [self.step])
             self._watch("checkpoint", self.step, max(self._step_timeout(), SLOW_LIMIT_S))
+            self._count_async_iterations(final_step)
             if checkpoint_dir and (not saved or not saved[-1].endswith(ckpt.checkpoint_name(final_step))):
                 saved.append(ckpt.save(self, checkpoint_dir, step=final_step))
             progress.phase("run", "gathering the trained weights")
@@ -593,6 +594,7 @@ class Trainer:
         served = self.server.snapshot(stop=stop_wanted)
         self.stop_agreed = self.server.stop_agreed
         resume_horovod()   # the snapshot was a barrier of every worker: all are here
+        self._count_async_iterations(self.step)
         try:
             return ckpt.save(self, directory, weights=self.weights(served))
         finally:
@@ -624,6 +626,14 @@ class Trainer:
                 variable.assign(parts[p])
             if sync.ps_dense:
                 sync.variable.assign(self.gather_partitions(sync, parts, f"async_{i}"))
+
+    def _count_async_iterations(self, step: int) -> None:
+        """Asynchronous: the owners applied the updates, not the Keras optimizer, whose
+        iteration counter stayed where it started; set it to ``step``, as synchronous training
+        counts after that many steps, so that a checkpoint (and the optimizer after the run)
+        says how far training went."""
+        if self.asynchronous:
+            self.optimizer.iterations.assign(step)
 
     def _park_for_async_steps(self, x=None, y=None) -> None:
         """Asynchronous, several ranks: park Horovod (:func:`.context.park_horovod`) for the
