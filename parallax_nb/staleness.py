@@ -98,4 +98,9 @@ def describe_sync(sync: bool, max_staleness: int | None) -> str:
     """``"synchronous"``, ``"asynchronous, max staleness 2"`` or ``"asynchronous, unbounded staleness"``."""
     if sync:
         return "synchronous"
-    return "asynchronous, " + ("unbounded staleness" if max_staleness is None else f"max staleness {max_staleness}")
+    return "asynchronous, " + describe_bound(max_staleness)
+
+
+def describe_bound(max_staleness: int | None) -> str:
+    """``"max staleness 2"`` or ``"unbounded staleness"``."""
+    return "unbounded staleness" if max_staleness is None else f"max staleness {max_staleness}"

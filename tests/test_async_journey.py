@@ -234,7 +234,7 @@ def test_planner_view_toggle_and_field_drive_the_model_and_show_its_error():
     assert planner.sync is False and not planner.plan.sync and not view.max_staleness.disabled
     view.max_staleness.value = "1"
     assert planner.plan.max_staleness == 1
-    assert "asynchronous, max staleness 1" in view.summary.value
+    assert ">asynchronous <" in view.summary.value and "max staleness 1; PS without a barrier" in view.summary.value
     # the outlook with a straggler, the same figures as the CLI's and the report's
     from parallax_nb.cost.asynchronous import straggler_outlook
 

@@ -18,7 +18,7 @@ import ipywidgets as widgets
 
 from .. import labels, svg
 from ..planner import Planner, describe_inputs
-from ..staleness import describe_sync
+from ..staleness import describe_bound
 from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, Method, format_bandwidth, format_bytes
 from . import style
 from .snapshot import SnapshotDisplay
@@ -65,9 +65,12 @@ def render_summary(planner: Planner) -> str:
                    css_class="parallax-speedup-ar", mark=_speedup_mark(planner.speedup_vs_ar)),
         style.card("speedup vs PS", f"{planner.speedup_vs_ps:.2f}x", "every variable on servers",
                    css_class="parallax-speedup-ps", mark=_speedup_mark(planner.speedup_vs_ps)),
-        style.card("training", describe_sync(planner.plan.sync, planner.plan.max_staleness),
+        # the value one word, as the other cards' figures (the bound in the note: "asynchronous,
+        # unbounded staleness" in the big type took three lines and tripled the row's height)
+        style.card("training", "synchronous" if planner.plan.sync else "asynchronous",
                    "every step ends at a barrier" if planner.plan.sync else
-                   "PS without a barrier; times above are of synchronous steps" + _straggler_note(planner),
+                   f"{describe_bound(planner.plan.max_staleness)}; PS without a barrier; times above are of synchronous "
+                   "steps" + _straggler_note(planner),
                    css_class="parallax-sync"),
     ])
 
