@@ -166,7 +166,6 @@ def shutdown() -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         mpi.Finalize()
-_process_sets: dict[tuple[int, ...], object] = {}
 
 
 def configure_threads() -> None:
