@@ -7,6 +7,10 @@ variables from their row shards through ``alltoall`` instead. Keras ``Embedding`
 pointed at this function when the runtime rebuilds a model, and layers that gather rows
 themselves (the LM's sampled softmax) call it directly, so "sparse" in the profile and
 "PS-capable" in the runtime mean the same set of variables.
+
+:func:`embedding_lookups` gathers the rows of several variables at once (the sampled
+softmax's weights and biases at the same ids): a router that can serve them together (the
+asynchronous PS pulls them in one request per owner) does; any other serves them one by one.
 """
 from __future__ import annotations
 
@@ -20,6 +24,8 @@ import tensorflow as tf
 class LookupRouter(Protocol):
     def lookup(self, params, ids: tf.Tensor) -> "tf.Tensor | None":
         """Rows ``ids`` of ``params``, or None to fall back to a local ``tf.gather``."""
+
+    # optional: lookup_many(pairs) -> [rows or None per (params, ids)], several lookups served together
 
 
 _state = threading.local()
@@ -42,6 +48,19 @@ def embedding_lookup(params, ids) -> tf.Tensor:
             return rows
     value = getattr(params, "value", params)
     return tf.gather(value, ids)
+
+
+def embedding_lookups(pairs) -> list[tf.Tensor]:
+    """:func:`embedding_lookup` of several ``(params, ids)`` pairs, served together where the
+    router can (its ``lookup_many``), each as :func:`embedding_lookup` would otherwise."""
+    pairs = list(pairs)
+    router = getattr(_state, "router", None)
+    many = getattr(router, "lookup_many", None)
+    if many is None:
+        return [embedding_lookup(params, ids) for params, ids in pairs]
+    served = many(pairs)
+    return [rows if rows is not None else tf.gather(getattr(params, "value", params), ids)
+            for rows, (params, ids) in zip(served, pairs)]
 
 
 @contextlib.contextmanager

@@ -104,7 +104,8 @@ def many_at_once(partitions: int) -> dict:
     """Two tables pulled and pushed together (``pull_many``, ``push_many``: one message per
     owner for both), lock-step (``max_staleness`` 0, so the pull after the step sees every
     worker's push). First a push whose second part is refused (a row id past the table): it
-    must change nothing, its valid first part included."""
+    must change nothing, its valid first part included. Then "a" whole (ids None): pulled, a
+    push of the wrong shape refused, a whole push applied once per worker."""
     from parallax_nb.errors import ConfigError
     from parallax_nb.runtime.async_ps import SGD, AsyncPS
 
@@ -122,6 +123,15 @@ def many_at_once(partitions: int) -> dict:
     ps.end_step()
     after = ps.pull_many({"a": ids, "b": ids})
     out["after_a"], out["after_b"] = after["a"], after["b"]
+    # whole variables: pulled and pushed as their partitions, without row ids
+    out["whole_before"] = ps.pull_many({"a": None, "b": ids})["a"]
+    try:
+        ps.push_many([("b", ids, np.ones((ROWS, 2), np.float32)), ("a", None, np.ones((ROWS + 1, DIM), np.float32))])
+    except ConfigError as e:
+        out["whole_refused"] = str(e)
+    ps.push_many([("a", None, np.full((ROWS, DIM), 2.0, np.float32))])
+    ps.end_step()
+    out["whole_after"] = ps.pull_many({"a": None})["a"]
     ps.close()
     return out
 

@@ -179,7 +179,8 @@ def test_a_worker_that_aborts_ends_the_others_naming_it_at_once(launches):
 
 def test_several_variables_pulled_and_pushed_together_as_one_request_per_owner(launches):
     """pull_many / push_many on 2 ranks, 3 partitions per table: the rows as they are, a push
-    refused in its second part changes nothing, and every push applied once."""
+    refused in its second part changes nothing, and every push applied once; the same for a
+    whole variable (ids None)."""
     a, b = cases.initial_table(), cases.second_table()
     for record in launches[2][len(STALENESS) + 1]:
         # the other worker may have pushed its step 0 already (no barrier at the start): each
@@ -193,6 +194,10 @@ def test_several_variables_pulled_and_pushed_together_as_one_request_per_owner(l
         pushed_b = np.zeros_like(b)
         pushed_b[0], pushed_b[5] = 2 * 2, 2 * 1
         np.testing.assert_array_equal(record["after_b"], b - cases.LEARNING_RATE * pushed_b)
+        np.testing.assert_array_equal(record["whole_before"], record["after_a"])
+        assert f"the gradient of 'a' has shape ({cases.ROWS + 1}, {cases.DIM}), the variable ({cases.ROWS}, " \
+               f"{cases.DIM})" in record["whole_refused"]
+        np.testing.assert_array_equal(record["whole_after"], a - cases.LEARNING_RATE * (2 + 2 * 2))   # and both ranks' twos
 
 
 @pytest.mark.parametrize("bad", (-1, 1.5, True, "2"))

@@ -155,11 +155,11 @@ def _asynchronous(synchronous: CostFunction, var: VariableProfile, cluster: Clus
 
 def async_ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Asynchronous PS, dense: a worker pulls the whole variable and pushes its whole gradient
-    on its own: ``4 m (W-1)/W`` per worker (push and pull, as worker and as owner), ``W``
-    workers, no local aggregation; row ids ``2 * 2 * 8 R (W-1)/W`` (the runtime sends a dense
-    variable's row ids with its pull and its push). Time: no barrier, each worker's step is its
-    own compute plus its own pull and push (:func:`parallax_nb.cost.asynchronous.examples_per_s`)."""
-    return _asynchronous(_dense_with_ids, var, cluster)
+    on its own, as the owners' partitions (no row ids): ``4 m (W-1)/W`` per worker (push and
+    pull, as worker and as owner), ``W`` workers, no local aggregation. Time: no barrier, each
+    worker's step is its own compute plus its own pull and push
+    (:func:`parallax_nb.cost.asynchronous.examples_per_s`)."""
+    return _asynchronous(ps_dense, var, cluster)
 
 
 def async_ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
@@ -167,14 +167,6 @@ def async_ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     own: ``4 a1 m (W-1)/W`` + ids ``2 * 2 * 8 a1 R (W-1)/W`` per worker (ids go with the pull and
     with the push), no local aggregation, no collective, no barrier."""
     return _asynchronous(ps_sparse, var, cluster)
-
-
-def _dense_with_ids(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """PS dense bytes plus the row ids of one pull (``2 * 8 R (n-1)/n``)."""
-    cost = ps_dense(var, cluster)
-    n, scale, _ = _shape(var, cluster)
-    index = ps_index_bytes(1.0, var.rows, n) * scale
-    return MethodCost(cost.bytes_per_step + index, index, cost.messages_per_step, cost.collectives)
 
 
 METHOD_COSTS: Mapping[tuple["Method | str", Kind], CostFunction] = {

@@ -45,6 +45,14 @@ sent after that sees it. Read guarantee: a pull of step ``t`` sees every push of
 worker's steps ``< t - k`` and this worker's own pushes of steps ``< t``. Waiting for the
 acknowledgements also bounds how many pushes a fast worker can leave queued at an owner.
 
+Unbounded (``k = None``) nothing waits for clocks, so a worker does not wait for its
+acknowledgements at the end of a step but before its next push (and before a snapshot or its
+end): they come back while it computes its next step, a round trip less per step, and an
+owner still holds at most one step of a worker's pushes. Its own pushes are still in its next
+pulls: an owner serves one worker's messages in the order they were sent (MPI keeps them in
+order on one communicator, and one thread serves them), the push before the pull. Its clock
+may then count a step whose pushes are not yet applied; only the measured staleness reads it.
+
 Consistent snapshot
 -------------------
 :meth:`AsyncPS.snapshot`, called by every worker after the same number of steps ``c``,
@@ -60,6 +68,18 @@ snapshot holds all of its ``d`` steps, which are again exactly its steps ``< c``
 ask to stop with its ask; every owner sees every ask, so every worker learns the same answer
 (:attr:`AsyncPS.stop_agreed`) and all can stop together at that step. :meth:`AsyncPS.close`
 returns the final state: all pushes of all workers.
+
+One poller per rank
+-------------------
+The serving thread is the only thread of a rank that polls MPI: it receives the requests of
+the other ranks' workers and the replies to its own worker (rows, acknowledgements,
+snapshots), which it files by (sender, tag) and hands over through ``_state``; the worker (or
+the TensorFlow thread running a step's pull) sleeps on that condition until its reply is
+there. Each poll is one ``Iprobe`` per communicator (a C call); pkl5's message probe runs only
+when something is there. A whole variable (a PS dense one) is pulled and pushed as its
+owners' partitions, without row ids. On loopback, 4 ranks of the LM small on 2 cores, these
+took an asynchronous step from 2.0-2.2x to 1.3-1.5x the CPU time of a synchronous one
+(``benchmarks/README.md``).
 
 Shutdown
 --------
@@ -106,7 +126,7 @@ Inside a rank that ran ``hvd.init()``, ``MPI.Query_thread()`` is ``MPI_THREAD_MU
   busy computing answers only when it next enters MPI. And Accumulate can only add: no
   Adam on the owner. Rejected.
 * **A serving thread per rank on its own communicator** (this module; ``mpi4py.util.pkl5``
-  messages, the thread polls with ``improbe`` and sleeps 50 us doubling to 1 ms while idle).
+  messages, the thread polls and sleeps 50 us doubling to 1 ms while idle).
   This module, ``benchmarks/bench_async_ps.py`` (one invocation each; pull, then push until
   applied and acknowledged): shared memory, owner idle: pull 0.60 ms, push 0.60 ms (p90 1.4
   / 1.8 ms); owner's main thread running TensorFlow matmuls: 1.13 / 1.18 ms (p90 3.4 ms).
@@ -125,6 +145,7 @@ per partition fits the same place.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass
@@ -256,6 +277,7 @@ class AsyncPS:
         self._turn_taken = -1
         self._unacked = [0] * self.ranks
         self._sends: list = []
+        self._inbox: dict[tuple[int, int], collections.deque] = {}   # (source, tag) -> replies to this worker
         # what both threads of this rank share, under one lock: the partitions, every worker's
         # clock, who is done, the snapshots asked for and taken
         self._state = threading.Condition()
@@ -300,40 +322,54 @@ class AsyncPS:
         return self.pull_many({name: ids})[name]
 
     def pull_many(self, wanted: dict) -> dict[str, np.ndarray]:
-        """:meth:`pull` of several variables at once (name -> ids): one request to each owner
-        for all of them, so a step that reads several variables waits for one round trip."""
+        """:meth:`pull` of several variables at once (name -> ids, or None for the whole
+        variable, sent as its partitions): one request to each owner for all of them, so a
+        step that reads several variables waits for one round trip."""
         self._check_usable()
-        asked: dict[str, tuple] = {}   # name -> (ids, unique, inverse, owners)
+        asked: dict[str, "tuple | None"] = {}   # name -> (ids, unique, inverse, owners), None: whole
         for name, ids in wanted.items():
             table = self._table(name)
+            if ids is None:
+                asked[name] = None
+                continue
             ids = np.asarray(ids, dtype=np.int64)
             unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
             asked[name] = (ids, unique, inverse, self._owners(table, unique))
         self.wait_turn()
         remote = {}   # owner -> the names asked of it, in order
-        for name, (_, unique, _, owners) in asked.items():
-            for owner in np.unique(owners).tolist():
+        for name, spec in asked.items():
+            owners = _owner_ranks(self.tables[name]) if spec is None else np.unique(spec[3]).tolist()
+            for owner in owners:
                 if owner != self.rank:
                     remote.setdefault(owner, []).append(name)
         for owner, names in remote.items():
-            request = [(name, asked[name][1][asked[name][3] == owner]) for name in names]
+            request = [(name, None if asked[name] is None else asked[name][1][asked[name][3] == owner])
+                       for name in names]
             self._send(request, owner, PULL)
             for name, ids in request:
-                self._count(name, owner, ids.nbytes, 0)
-        rows = {name: np.empty((len(unique),) + self.tables[name].row_shape, self.tables[name].dtype)
-                for name, (_, unique, _, _) in asked.items()}
+                self._count(name, owner, _nbytes(ids), 0)
+        rows = {name: np.empty((len(spec[1]),) + self.tables[name].row_shape, self.tables[name].dtype)
+                for name, spec in asked.items() if spec is not None}
+        parts: dict[str, dict[int, np.ndarray]] = {name: {} for name, spec in asked.items() if spec is None}
         with self._state:
-            for name, (_, unique, _, owners) in asked.items():
-                mine = owners == self.rank
+            for name, spec in asked.items():
+                if spec is None:
+                    parts[name].update(self._whole(name))
+                    continue
+                mine = spec[3] == self.rank
                 if np.any(mine):
-                    rows[name][mine] = self._rows(name, unique[mine])
+                    rows[name][mine] = self._rows(name, spec[1][mine])
         for owner, names in remote.items():
             got = self._receive(owner, ROWS, f"the pull of {', '.join(map(repr, names))}")
             for name, part in zip(names, got):
-                self._count(name, owner, 0, part.nbytes)
-                rows[name][asked[name][3] == owner] = part
-        return {name: rows[name][inverse].reshape(ids.shape + self.tables[name].row_shape)
-                for name, (ids, _, inverse, _) in asked.items()}
+                self._count(name, owner, 0, _nbytes(part))
+                if asked[name] is None:
+                    parts[name].update(part)
+                else:
+                    rows[name][asked[name][3] == owner] = part
+        return {name: (self.tables[name].partitioning.assemble(parts[name]) if spec is None else
+                       rows[name][spec[2]].reshape(spec[0].shape + self.tables[name].row_shape))
+                for name, spec in asked.items()}
 
     def push(self, name: str, ids, grads) -> None:
         """Send the gradients ``grads`` of rows ``ids`` (``grads.shape = ids.shape + row_shape``)
@@ -342,13 +378,18 @@ class AsyncPS:
         self.push_many([(name, ids, grads)])
 
     def push_many(self, pushes: list[tuple]) -> None:
-        """:meth:`push` of several variables at once ((name, ids, grads) each): one message to
-        each owner for all of them, applied by the owner together (all of it or, when a part
-        is refused, none of it) and acknowledged once."""
+        """:meth:`push` of several variables at once ((name, ids, grads) each; ids None: ``grads``
+        is the whole variable's gradient, sent as its partitions): one message to each owner for
+        all of them, applied by the owner together (all of it or, when a part is refused, none
+        of it) and acknowledged once."""
         self._check_usable()
         outgoing: dict[int, list] = {}   # owner -> [(name, ids, grads)]
         for name, ids, grads in pushes:
             table = self._table(name)
+            if ids is None:
+                for owner, by_partition in self._split_whole(table, grads).items():
+                    outgoing.setdefault(owner, []).append((name, None, by_partition))
+                continue
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             grads = np.asarray(grads, dtype=table.dtype).reshape((len(ids),) + table.row_shape)
             ids, grads = sum_duplicates(ids, grads)
@@ -356,19 +397,23 @@ class AsyncPS:
             for owner in np.unique(owners).tolist():
                 mine = owners == owner
                 outgoing.setdefault(owner, []).append((name, ids[mine], grads[mine]))
+        if self.max_staleness is None:
+            self._await_acks()   # the previous step's, deferred by end_step (module docstring)
         if self.rank in outgoing:
             with self._state:
                 self._apply_all(outgoing.pop(self.rank))
         for owner, items in outgoing.items():
             self._send(items, owner, PUSH)
             for name, ids, grads in items:
-                self._count(name, owner, ids.nbytes + grads.nbytes, 0)
+                self._count(name, owner, _nbytes(ids) + _nbytes(grads), 0)
             self._unacked[owner] += 1
 
     def end_step(self) -> None:
-        """This worker finished a step: wait until its pushes are applied, then tell every rank."""
+        """This worker finished a step: wait until its pushes are applied (under SSP; unbounded,
+        before the next push), then tell every rank."""
         self._check_usable()
-        self._await_acks()
+        if self.max_staleness is not None:
+            self._await_acks()
         self.step += 1
         with self._state:
             self._clocks[self.rank] = self.step
@@ -574,22 +619,29 @@ class AsyncPS:
         self._wait_sends()
 
     def _receive(self, source: int, tag: int, what: str):
-        """The next reply ``tag`` from ``source``'s serving thread, polled until ``timeout_s``."""
+        """The next reply ``tag`` from ``source``'s serving thread, until ``timeout_s``: received
+        by this rank's serving thread (the rank's one poller), which wakes the waiting worker."""
         deadline = time.monotonic() + self.timeout_s
-        pause = 0.0
-        while True:
-            message = self._replies.improbe(source, tag)
-            if message is not None:
-                got = message.recv()
-                if isinstance(got, BaseException):
-                    raise got
-                return got
-            self._raise_server_error()
-            if time.monotonic() > deadline:
-                raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for {what} from rank {source}",
-                                    hint=f"rank {source} stopped serving or died")
-            time.sleep(pause)
-            pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
+        with self._state:
+            while True:
+                queue = self._inbox.get((source, tag))
+                if queue:
+                    got = queue.popleft()
+                    break
+                self._raise_server_error()
+                if not self._thread.is_alive():   # stopped: nobody else receives the replies
+                    message = self._replies.improbe(source, tag)
+                    if message is not None:
+                        got = message.recv()
+                        break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._give_up(f"rank {self.rank} waited {self.timeout_s:g} s for {what} from rank {source}",
+                                        hint=f"rank {source} stopped serving or died")
+                self._state.wait(min(left, 0.05) if self._thread.is_alive() else MAX_PAUSE_S)
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
     def traffic_now(self) -> dict[str, np.ndarray]:
         """A copy of :attr:`traffic` as counted so far (both threads count into it)."""
@@ -645,19 +697,30 @@ class AsyncPS:
         pause = 0.0
         try:
             while len(self._done) < self.ranks and not self._stop.is_set():
-                message = self._requests.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
-                pending = [r for r in pending if not r.test()[0]]
-                if message is None:
-                    time.sleep(pause)
-                    pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
+                # Iprobe (one C call) first: pkl5's improbe costs far more Python, every poll
+                busy = False
+                if MPI.Comm.Iprobe(self._replies, MPI.ANY_SOURCE, MPI.ANY_TAG):
+                    busy = True   # a reply for this rank's worker, which waits for it on _state
+                    reply = self._replies.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                    key, got = (status.Get_source(), status.Get_tag()), reply.recv()
+                    with self._state:
+                        self._inbox.setdefault(key, collections.deque()).append(got)
+                        self._state.notify_all()
+                if MPI.Comm.Iprobe(self._requests, MPI.ANY_SOURCE, MPI.ANY_TAG):
+                    busy = True
+                    message = self._requests.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
+                    source, tag = status.Get_source(), status.Get_tag()
+                    self._heard = time.monotonic()
+                    for rank, reply_tag, payload in self._handle(source, tag, message.recv()):
+                        pending.append(self._replies.isend(payload, rank, reply_tag))
+                    if self._peer_error is not None:
+                        return   # the job is over: every rank heard it, none waits for this thread
+                if busy:
+                    pause = 0.0
                     continue
-                pause = 0.0
-                source, tag = status.Get_source(), status.Get_tag()
-                self._heard = time.monotonic()
-                for rank, reply_tag, payload in self._handle(source, tag, message.recv()):
-                    pending.append(self._replies.isend(payload, rank, reply_tag))
-                if self._peer_error is not None:
-                    return   # the job is over: every rank heard it, none waits for this thread
+                pending = [r for r in pending if not r.test()[0]]
+                time.sleep(pause)
+                pause = min(MAX_PAUSE_S, max(2 * pause, MIN_PAUSE_S))
             deadline = time.monotonic() + self.timeout_s
             while pending and time.monotonic() < deadline and not self._stop.is_set():
                 pending = [r for r in pending if not r.test()[0]]
@@ -671,14 +734,15 @@ class AsyncPS:
         """Serve one request from another rank; the replies to send as (rank, tag, payload)."""
         if tag == PULL:   # [(name, ids)] -> [rows] in the same order
             with self._state:
-                rows = self._guarded(lambda: [self._rows(name, ids) for name, ids in payload])
+                rows = self._guarded(lambda: [self._whole(name) if ids is None else self._rows(name, ids)
+                                              for name, ids in payload])
                 for i, (name, ids) in enumerate(payload):
-                    self._count(name, source, rows[i].nbytes if isinstance(rows, list) else 0, ids.nbytes)
+                    self._count(name, source, _nbytes(rows[i]) if isinstance(rows, list) else 0, _nbytes(ids))
                 return [(source, ROWS, rows)]
         if tag == PUSH:   # [(name, ids, grads)], applied together
             with self._state:
                 for name, ids, grads in payload:
-                    self._count(name, source, 0, ids.nbytes + grads.nbytes)
+                    self._count(name, source, 0, _nbytes(ids) + _nbytes(grads))
                 return [(source, ACK, self._guarded(self._apply_all, payload))]
         if tag == CLOCK:
             with self._state:
@@ -739,7 +803,7 @@ class AsyncPS:
     def _local(self, table: ServedTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         P = table.partitioning.partitions
         partitions = ids % P
-        if not np.all(np.isin(partitions, list(table.parts))):
+        if len(ids) and not np.all(partitions % self.ranks == self.rank):   # partition p is rank p mod N's
             raise PlanError(f"rank {self.rank} was asked for rows of {table.name!r} it does not own")
         return partitions, ids // P
 
@@ -747,26 +811,70 @@ class AsyncPS:
         """Rows ``ids`` of this rank's partitions (call under ``_state``)."""
         table = self.tables[name]
         partitions, local = self._local(table, ids)
+        if len(table.parts) == 1:
+            return next(iter(table.parts.values()))[local]
         rows = np.empty((len(ids),) + table.row_shape, table.dtype)
         for p, part in table.parts.items():
             mine = partitions == p
             rows[mine] = part[local[mine]]
         return rows
 
+    def _whole(self, name: str) -> dict[int, np.ndarray]:
+        """Copies of this rank's partitions of ``name`` (call under ``_state``)."""
+        return {p: part.copy() for p, part in self.tables[name].parts.items()}
+
+    def _split_whole(self, table: ServedTable, grads) -> dict[int, dict[int, np.ndarray]]:
+        """A whole variable's gradient as owner -> partition -> its rows' gradients."""
+        part = table.partitioning
+        grads = np.asarray(grads, dtype=table.dtype)
+        if grads.shape != (part.rows,) + table.row_shape:
+            raise ConfigError(f"the gradient of {table.name!r} has shape {grads.shape}, the variable "
+                              f"{(part.rows,) + table.row_shape}")
+        out: dict[int, dict[int, np.ndarray]] = {}
+        for p in range(part.partitions):
+            out.setdefault(part.owner(p), {})[p] = part.split(grads, p)
+        return out
+
     def _apply_all(self, items: list[tuple]) -> None:
         """One push's update of this rank's partitions, ``(name, ids, grads)`` per variable
-        (call under ``_state``): every part is checked before any is applied, so a refused
-        push changes nothing."""
+        (ids None: ``grads`` maps each partition to its whole gradient; call under ``_state``):
+        every part is checked before any is applied, so a refused push changes nothing."""
         located = []
         for name, ids, grads in items:
             table = self._table(name)
-            located.append((table, *self._local(table, ids), grads))
+            if ids is None:
+                for p, grad in grads.items():
+                    if p not in table.parts or grad.shape != table.parts[p].shape:
+                        raise PlanError(f"rank {self.rank} was sent a gradient of shape {grad.shape} for partition "
+                                        f"{p} of {table.name!r}, it serves {sorted(table.parts)}")
+                located.append((table, None, None, grads))
+            else:
+                located.append((table, *self._local(table, ids), grads))
         for table, partitions, local, grads in located:
+            if partitions is None:
+                for p, grad in grads.items():
+                    self.update(table.parts[p], slice(None), grad)
+                continue
             for p, part in table.parts.items():
                 mine = partitions == p
                 if np.any(mine):
                     self.update(part, local[mine], grads[mine])
         return None
+
+
+def _owner_ranks(table: ServedTable) -> list[int]:
+    """The ranks that own at least one partition of ``table``."""
+    part = table.partitioning
+    return sorted({part.owner(p) for p in range(part.partitions)})
+
+
+def _nbytes(payload) -> int:
+    """Bytes of the arrays in a message part: an array, a dict of arrays, or None."""
+    if payload is None:
+        return 0
+    if isinstance(payload, dict):
+        return sum(a.nbytes for a in payload.values())
+    return payload.nbytes
 
 
 #: the clock of a worker that said done: it never holds anyone back again

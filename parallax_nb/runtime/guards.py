@@ -157,3 +157,10 @@ class CheckedLookups:
         if rows is not None:
             return rows
         return tf.gather(getattr(params, "value", params), ids)
+
+    def lookup_many(self, pairs):
+        pairs = [(params, checked_ids(params, ids)) for params, ids in pairs]
+        many = getattr(self.router, "lookup_many", None)
+        served = many(pairs) if many is not None else [self.router.lookup(params, ids) for params, ids in pairs]
+        return [rows if rows is not None else tf.gather(getattr(params, "value", params), ids)
+                for rows, (params, ids) in zip(served, pairs)]

@@ -375,7 +375,7 @@ class Trainer:
         self.stop_agreed = float(stop) > 0
         guards.check_health(health, self.step + 1, self.ranks)
         if self.asynchronous:
-            self.exchange.push([(ids.numpy(), grad.numpy()) for ids, grad in outgoing])
+            self.exchange.push([(None if ids is None else ids.numpy(), grad.numpy()) for ids, grad in outgoing])
             self.server.end_step()
         elapsed = time.perf_counter() - start
         by_var = {s.name: (float(sent), float(received)) for s, (sent, received) in zip(self.syncs, byte_totals)}

@@ -55,7 +55,7 @@ def _sampled_softmax_layer_class():
     import keras
     import tensorflow as tf
 
-    from ..ops import embedding_lookup
+    from ..ops import embedding_lookups
 
     class SampledSoftmax(keras.layers.Layer):
         """Per-token sampled-softmax loss; ``call((hidden, targets))`` returns (batch, time) losses."""
@@ -87,11 +87,11 @@ def _sampled_softmax_layer_class():
             if training:
                 self.sample_step.assign_add(1)
             # One lookup per variable for the targets and the candidates together, so a row
-            # that is both moves once (as tf.nn.sampled_softmax_loss does with all_ids).
+            # that is both moves once (as tf.nn.sampled_softmax_loss does with all_ids); the
+            # weights and biases together, so a router that can serves both in one exchange.
             flat_targets = tf.reshape(targets, [-1])
             all_ids = tf.concat([flat_targets, sampled], 0)
-            all_w = embedding_lookup(self.softmax_w, all_ids)
-            all_b = embedding_lookup(self.softmax_b, all_ids)
+            all_w, all_b = embedding_lookups([(self.softmax_w, all_ids), (self.softmax_b, all_ids)])
             n_true = tf.size(flat_targets)
             true_w = tf.reshape(all_w[:n_true], tf.concat([tf.shape(targets), [-1]], 0))   # (B, T, D)
             true_b = tf.reshape(all_b[:n_true], tf.shape(targets))                       # (B, T)

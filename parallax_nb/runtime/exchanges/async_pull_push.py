@@ -5,16 +5,18 @@ owners and pushes its own gradient of them, through the rank's :class:`~..async_
 A step of one worker:
 
 1. before the traced step (:meth:`AsyncDensePS.before_step`): every PS dense variable is pulled
-   whole into the model's copy of it, which the forward pass reads, in one request to each
-   owner for all of them;
+   whole (its owners' partitions, no row ids) into the model's copy of it, which the forward
+   pass reads, in one request to each owner for all of them;
 2. inside the step, each ``embedding_lookup`` of a PS sparse variable (:class:`PulledRowsRouter`)
    pulls the lookup's unique ids through a ``tf.numpy_function`` and serves the lookup from
-   the pulled rows, which the step's tape watches. The pull is made where the ids exist,
+   the pulled rows, which the step's tape watches (an ``embedding_lookups`` of several
+   variables, the sampled softmax's weights and biases, is one pull of all of them). The pull is made where the ids exist,
    inside the step, because some are computed there (the LM's sampled softmax draws its
    candidate rows in the step), so no list of ids could be pulled before it;
 3. the step returns, per lookup, the unique ids and the gradient of the loss with respect to
    their rows (duplicates of a row inside the batch summed), and per PS dense variable its
-   whole gradient (:meth:`Exchange.gradients` hands nothing to the optimizer);
+   whole gradient, pushed as partitions without row ids (:meth:`Exchange.gradients` hands
+   nothing to the optimizer);
 4. after the step the trainer pushes them (:meth:`..sync.GradientExchange.push`), all of them
    in one message to each owner, which applies SGD to its partitions as the push arrives,
    exactly once; ``end_step`` follows.
@@ -61,23 +63,40 @@ class PulledRowsRouter:
         self.tape = tape
 
     def lookup(self, params, ids):
-        shard = self.variables.get(variable_path(params))
-        if shard is None:
-            return None
-        ids = tf.convert_to_tensor(ids)
-        unique_ids, position = tf.unique(tf.cast(tf.reshape(ids, [-1]), tf.int64))
-        rows = tf.numpy_function(functools.partial(self._pull, shard.name), [unique_ids], shard.dtype,
-                                 stateful=True, name=f"px_async_pull_{self.lookups}")
-        rows = tf.ensure_shape(rows, (None,) + shard.row_shape)
-        if self.tape is not None:
-            self.tape.watch(rows)
-        self.pulled.setdefault(shard.name, []).append((unique_ids, rows))
-        self.lookups += 1
-        out = tf.gather(rows, position)
-        return tf.reshape(out, tf.concat([tf.shape(ids), tf.constant(shard.row_shape, tf.int32)], 0))
+        return self.lookup_many([(params, ids)])[0]
 
-    def _pull(self, name: str, ids: np.ndarray) -> np.ndarray:
-        return self.server.pull(name, ids)
+    def lookup_many(self, pairs):
+        """The lookups of ``pairs`` ((params, ids) each) this router serves, pulled together in
+        one :meth:`~..async_ps.AsyncPS.pull_many` (one request per owner); None for the others."""
+        served = []   # (index in pairs, shard, ids, unique ids, positions)
+        for i, (params, ids) in enumerate(pairs):
+            shard = self.variables.get(variable_path(params))
+            if shard is not None:
+                ids = tf.convert_to_tensor(ids)
+                unique_ids, position = tf.unique(tf.cast(tf.reshape(ids, [-1]), tf.int64))
+                served.append((i, shard, ids, unique_ids, position))
+        out = [None] * len(pairs)
+        if not served:
+            return out
+        names = [shard.name for _, shard, *_ in served]
+        pulled = tf.numpy_function(functools.partial(self._pull, names), [u for *_, u, _ in served],
+                                   [shard.dtype for _, shard, *_ in served], stateful=True,
+                                   name=f"px_async_pull_{self.lookups}")
+        for (i, shard, ids, unique_ids, position), rows in zip(served, pulled):
+            rows = tf.ensure_shape(rows, (None,) + shard.row_shape)
+            if self.tape is not None:
+                self.tape.watch(rows)
+            self.pulled.setdefault(shard.name, []).append((unique_ids, rows))
+            self.lookups += 1
+            out[i] = tf.reshape(tf.gather(rows, position),
+                                tf.concat([tf.shape(ids), tf.constant(shard.row_shape, tf.int32)], 0))
+        return out
+
+    def _pull(self, names: list[str], *ids: np.ndarray) -> list[np.ndarray]:
+        if len(set(names)) == len(names):
+            pulled = self.server.pull_many(dict(zip(names, ids)))
+            return [pulled[name] for name in names]
+        return [self.server.pull(name, i) for name, i in zip(names, ids)]   # one variable twice: one by one
 
 
 class AsyncSparsePS(Exchange):
@@ -120,18 +139,28 @@ class AsyncDensePS(Exchange):
         """Pull every PS dense variable whole, in one request to each owner."""
         if not self.syncs:
             return
-        pulled = self.wire.server.pull_many({sync.name: np.arange(sync.shard.shape[0], dtype=np.int64)
-                                             for sync in self.syncs})
-        for sync in self.syncs:
-            sync.variable.assign(np.reshape(pulled[sync.name], tuple(sync.variable.shape)))
+        pulled = self.wire.server.pull_many({sync.name: None for sync in self.syncs})
+        self._assign([np.reshape(pulled[sync.name], tuple(sync.variable.shape)) for sync in self.syncs])
+
+    @functools.cached_property
+    def _assign(self):
+        """Assign every PS dense variable its pulled value in one call (a traced function: one
+        Keras ``assign`` per variable costs more Python than the pull itself)."""
+        variables = [sync.variable for sync in self.syncs]
+
+        @tf.function(autograph=False)
+        def assign(values):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+
+        return assign
 
     def gradients(self, items, carried=None):
         self.outgoing = []
         for sync, grads in items:
             if grads[0] is not None:
-                shape = sync.shard.shape
-                grad = tf.reshape(tf.convert_to_tensor(grads[0]), shape)
-                self.outgoing.append((sync.name, tf.range(shape[0], dtype=tf.int64), grad))
+                grad = tf.reshape(tf.convert_to_tensor(grads[0]), sync.shard.shape)
+                self.outgoing.append((sync.name, None, grad))   # the whole variable's gradient
         return [], None
 
     def collectives(self) -> list[Collective]:
