@@ -78,7 +78,8 @@ the TensorFlow thread running a step's pull) sleeps on that condition until its 
 there. Each poll is one ``Iprobe`` per communicator (a C call); pkl5's message probe runs only
 when something is there. A whole variable (a PS dense one) is pulled and pushed as its
 owners' partitions, without row ids. On loopback, 4 ranks of the LM small on 2 cores, these
-took an asynchronous step from 2.0-2.2x to 1.3-1.5x the CPU time of a synchronous one
+took an asynchronous step from 29-32 ms to 19-20 ms, 2.1-2.5x to 1.3-1.5x the time of a
+synchronous one
 (``benchmarks/README.md``).
 
 Shutdown
