@@ -197,7 +197,8 @@ def test_several_variables_pulled_and_pushed_together_as_one_request_per_owner(l
         np.testing.assert_array_equal(record["whole_before"], record["after_a"])
         assert f"the gradient of 'a' has shape ({cases.ROWS + 1}, {cases.DIM}), the variable ({cases.ROWS}, " \
                f"{cases.DIM})" in record["whole_refused"]
-        np.testing.assert_array_equal(record["whole_after"], a - cases.LEARNING_RATE * (2 + 2 * 2))   # and both ranks' twos
+        # 'a' after_a, less both ranks' whole push of twos
+        np.testing.assert_array_equal(record["whole_after"], a - cases.LEARNING_RATE * (2 + 2 * 2))
 
 
 @pytest.mark.parametrize("bad", (-1, 1.5, True, "2"))

@@ -10,9 +10,10 @@ A step of one worker:
 2. inside the step, each ``embedding_lookup`` of a PS sparse variable (:class:`PulledRowsRouter`)
    pulls the lookup's unique ids through a ``tf.numpy_function`` and serves the lookup from
    the pulled rows, which the step's tape watches (an ``embedding_lookups`` of several
-   variables, the sampled softmax's weights and biases, is one pull of all of them). The pull is made where the ids exist,
-   inside the step, because some are computed there (the LM's sampled softmax draws its
-   candidate rows in the step), so no list of ids could be pulled before it;
+   variables, the sampled softmax's weights and biases, is one pull of all of them). The
+   pull is made where the ids exist, inside the step, because some are computed there (the
+   LM's sampled softmax draws its candidate rows in the step), so no list of ids could be
+   pulled before it;
 3. the step returns, per lookup, the unique ids and the gradient of the loss with respect to
    their rows (duplicates of a row inside the batch summed), and per PS dense variable its
    whole gradient, pushed as partitions without row ids (:meth:`Exchange.gradients` hands
