@@ -41,26 +41,30 @@ def variable_path(params) -> str:
 
 def embedding_lookup(params, ids) -> tf.Tensor:
     """Gather rows ``ids`` (any shape, integer) of ``params`` (rows x ...)."""
-    router = getattr(_state, "router", None)
-    if router is not None:
-        rows = router.lookup(params, ids)
-        if rows is not None:
-            return rows
-    value = getattr(params, "value", params)
-    return tf.gather(value, ids)
+    return embedding_lookups([(params, ids)])[0]
 
 
 def embedding_lookups(pairs) -> list[tf.Tensor]:
     """:func:`embedding_lookup` of several ``(params, ids)`` pairs, served together where the
-    router can (its ``lookup_many``), each as :func:`embedding_lookup` would otherwise."""
+    router can (its ``lookup_many``)."""
     pairs = list(pairs)
     router = getattr(_state, "router", None)
+    served = routed(router, pairs) if router is not None else [None] * len(pairs)
+    return [local_gather(params, ids) if rows is None else rows for rows, (params, ids) in zip(served, pairs)]
+
+
+def routed(router: LookupRouter, pairs: list) -> list:
+    """``router``'s rows for each ``(params, ids)``, None where it serves none: through its
+    ``lookup_many`` if it has one, else one ``lookup`` each."""
     many = getattr(router, "lookup_many", None)
-    if many is None:
-        return [embedding_lookup(params, ids) for params, ids in pairs]
-    served = many(pairs)
-    return [rows if rows is not None else tf.gather(getattr(params, "value", params), ids)
-            for rows, (params, ids) in zip(served, pairs)]
+    if many is not None:
+        return many(pairs)
+    return [router.lookup(params, ids) for params, ids in pairs]
+
+
+def local_gather(params, ids) -> tf.Tensor:
+    """Rows ``ids`` of this process's copy of ``params`` (a Keras or TensorFlow variable)."""
+    return tf.gather(getattr(params, "value", params), ids)
 
 
 @contextlib.contextmanager

@@ -79,8 +79,7 @@ there. Each poll is one ``Iprobe`` per communicator (a C call); pkl5's message p
 when something is there. A whole variable (a PS dense one) is pulled and pushed as its
 owners' partitions, without row ids. On loopback, 4 ranks of the LM small on 2 cores, these
 took an asynchronous step from 29-32 ms to 19-20 ms, 2.1-2.5x to 1.3-1.5x the time of a
-synchronous one
-(``benchmarks/README.md``).
+synchronous one (``benchmarks/README.md``).
 
 Shutdown
 --------
@@ -150,6 +149,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -327,7 +327,7 @@ class AsyncPS:
         variable, sent as its partitions): one request to each owner for all of them, so a
         step that reads several variables waits for one round trip."""
         self._check_usable()
-        asked: dict[str, "tuple | None"] = {}   # name -> (ids, unique, inverse, owners), None: whole
+        asked: dict[str, "_Asked | None"] = {}   # None: the whole variable
         for name, ids in wanted.items():
             table = self._table(name)
             if ids is None:
@@ -335,31 +335,31 @@ class AsyncPS:
                 continue
             ids = np.asarray(ids, dtype=np.int64)
             unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
-            asked[name] = (ids, unique, inverse, self._owners(table, unique))
+            asked[name] = _Asked(ids, unique, inverse, self._owners(table, unique))
         self.wait_turn()
         remote = {}   # owner -> the names asked of it, in order
-        for name, spec in asked.items():
-            owners = _owner_ranks(self.tables[name]) if spec is None else np.unique(spec[3]).tolist()
+        for name, a in asked.items():
+            owners = self.tables[name].partitioning.owner_ranks() if a is None else np.unique(a.owners).tolist()
             for owner in owners:
                 if owner != self.rank:
                     remote.setdefault(owner, []).append(name)
         for owner, names in remote.items():
-            request = [(name, None if asked[name] is None else asked[name][1][asked[name][3] == owner])
+            request = [(name, None if asked[name] is None else asked[name].unique[asked[name].owners == owner])
                        for name in names]
             self._send(request, owner, PULL)
             for name, ids in request:
                 self._count(name, owner, _nbytes(ids), 0)
-        rows = {name: np.empty((len(spec[1]),) + self.tables[name].row_shape, self.tables[name].dtype)
-                for name, spec in asked.items() if spec is not None}
-        parts: dict[str, dict[int, np.ndarray]] = {name: {} for name, spec in asked.items() if spec is None}
+        rows = {name: np.empty((len(a.unique),) + self.tables[name].row_shape, self.tables[name].dtype)
+                for name, a in asked.items() if a is not None}
+        parts: dict[str, dict[int, np.ndarray]] = {name: {} for name, a in asked.items() if a is None}
         with self._state:
-            for name, spec in asked.items():
-                if spec is None:
+            for name, a in asked.items():
+                if a is None:
                     parts[name].update(self._whole(name))
                     continue
-                mine = spec[3] == self.rank
+                mine = a.owners == self.rank
                 if np.any(mine):
-                    rows[name][mine] = self._rows(name, spec[1][mine])
+                    rows[name][mine] = self._rows(name, a.unique[mine])
         for owner, names in remote.items():
             got = self._receive(owner, ROWS, f"the pull of {', '.join(map(repr, names))}")
             for name, part in zip(names, got):
@@ -367,10 +367,10 @@ class AsyncPS:
                 if asked[name] is None:
                     parts[name].update(part)
                 else:
-                    rows[name][asked[name][3] == owner] = part
-        return {name: (self.tables[name].partitioning.assemble(parts[name]) if spec is None else
-                       rows[name][spec[2]].reshape(spec[0].shape + self.tables[name].row_shape))
-                for name, spec in asked.items()}
+                    rows[name][asked[name].owners == owner] = part
+        return {name: (self.tables[name].partitioning.assemble(parts[name]) if a is None else
+                       rows[name][a.inverse].reshape(a.ids.shape + self.tables[name].row_shape))
+                for name, a in asked.items()}
 
     def push(self, name: str, ids, grads) -> None:
         """Send the gradients ``grads`` of rows ``ids`` (``grads.shape = ids.shape + row_shape``)
@@ -863,10 +863,14 @@ class AsyncPS:
         return None
 
 
-def _owner_ranks(table: ServedTable) -> list[int]:
-    """The ranks that own at least one partition of ``table``."""
-    part = table.partitioning
-    return sorted({part.owner(p) for p in range(part.partitions)})
+class _Asked(NamedTuple):
+    """One variable's rows asked for by a pull: the ids as given, their unique values, where
+    each id is among them, and each unique id's owner rank."""
+
+    ids: np.ndarray
+    unique: np.ndarray
+    inverse: np.ndarray
+    owners: np.ndarray
 
 
 def _nbytes(payload) -> int:

@@ -27,6 +27,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from .. import ops
 from ..errors import JobError, NumericError
 
 _BAD_ID_TAG = "parallax_nb-id-out-of-range"
@@ -152,15 +153,9 @@ class CheckedLookups:
         self.router.reset()
 
     def lookup(self, params, ids):
-        ids = checked_ids(params, ids)
-        rows = self.router.lookup(params, ids)
-        if rows is not None:
-            return rows
-        return tf.gather(getattr(params, "value", params), ids)
+        return self.lookup_many([(params, ids)])[0]
 
     def lookup_many(self, pairs):
         pairs = [(params, checked_ids(params, ids)) for params, ids in pairs]
-        many = getattr(self.router, "lookup_many", None)
-        served = many(pairs) if many is not None else [self.router.lookup(params, ids) for params, ids in pairs]
-        return [rows if rows is not None else tf.gather(getattr(params, "value", params), ids)
-                for rows, (params, ids) in zip(served, pairs)]
+        return [ops.local_gather(params, ids) if rows is None else rows
+                for rows, (params, ids) in zip(ops.routed(self.router, pairs), pairs)]

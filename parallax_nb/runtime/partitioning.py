@@ -42,6 +42,10 @@ class RowPartitioning:
         """Partitions owned by ``rank``, ascending: ``rank, rank + N, rank + 2N, ...``."""
         return list(range(rank, self.partitions, self.ranks))
 
+    def owner_ranks(self) -> list[int]:
+        """The ranks that own at least one partition: ``0 .. min(P, N) - 1``."""
+        return list(range(min(self.partitions, self.ranks)))
+
     def rows_owned_by(self, rank: int) -> int:
         return sum(self.rows_in(p) for p in self.owned_by(rank))
 

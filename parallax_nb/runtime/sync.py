@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 
 from ..types import ASYNC_PS, Collective, Kind, Method
@@ -120,8 +119,7 @@ class GradientExchange:
     def push(self, values: list[tuple]) -> None:
         """Push the step's gradients (:meth:`outgoing`, evaluated) to their owners (asynchronous PS)."""
         names = [name for e in self.exchanges.values() for name, _, _ in e.outgoing]
-        self.wire.server.push_many([(name, None if ids is None else np.asarray(ids), np.asarray(grad))
-                                    for name, (ids, grad) in zip(names, values)])
+        self.wire.server.push_many([(name, ids, grad) for name, (ids, grad) in zip(names, values)])
 
     def exchange(self, grads_by_sync: list[list], carried=None) -> tuple[list[tuple], "tf.Tensor | None"]:
         """(grad, variable) pairs for the optimizer, and ``carried`` averaged over the ranks when
