@@ -2,7 +2,8 @@
 
 For every setting (loopback with ``--ranks`` ranks; ``--network MxG@bandwidth``, an emulated
 cluster, as root), in one invocation and on the same ranks' launch per configuration: the LM
-(``lm_job(--size)``, plain SGD at ``--learning-rate``, ``--batch-size`` per rank) under
+(``lm_job(--size)``, ``--optimizer`` (plain SGD by default; Adam and Adagrad are applied by
+the owners as Keras applies them) at ``--learning-rate``, ``--batch-size`` per rank) under
 architecture PS, each rank training ``--steps`` steps
 
 * synchronously (``plan.sync`` True),
@@ -24,8 +25,8 @@ Printed per configuration:
   asynchronous workers each apply their own, W updates where synchronous training makes one,
   so they train at ``--async-learning-rate`` (default: ``--learning-rate / W``, the same
   distance per W pushes as one synchronous step: a like-for-like comparison of the loss);
-* **sequential SGD**: the loss of single-device training with the same per-example learning
-  rate and as many updates as the asynchronous workers make together (``ranks x steps``
+* **sequential SGD** (the same optimizer): the loss of single-device training with the same
+  per-example learning rate and as many updates as the asynchronous workers make together (``ranks x steps``
   steps of ``--batch-size`` at ``--async-learning-rate``). Asynchronous training is that,
   but with the gradients computed on parameters up to ``max_staleness`` steps old: the
   distance between the two is what staleness costs. Against synchronous training, which makes
@@ -57,7 +58,8 @@ CONFIGS = ("sync", "async", "ssp")
 
 
 def train_with_straggler(size: str, steps: int, warmup: int, sync: bool, max_staleness, slow_rank: int,
-                         slowdown: float, learning_rate: float, batch_size: int, eval_batches: int) -> dict:
+                         slowdown: float, learning_rate: float, batch_size: int, eval_batches: int,
+                         optimizer: str = "sgd") -> dict:
     """On every rank: train, rank ``slow_rank`` slowed; this rank's rate, rank 0 also the loss."""
     from parallax_nb.plan import plan_for_kinds
     from parallax_nb.runtime.context import rank_info
@@ -65,7 +67,7 @@ def train_with_straggler(size: str, steps: int, warmup: int, sync: bool, max_sta
     from parallax_nb.runtime.trainer import Trainer
     from parallax_nb.workloads import lm_job
 
-    job = lm_job(size, optimizer="sgd", learning_rate=learning_rate, batch_size=batch_size)
+    job = lm_job(size, optimizer=optimizer, learning_rate=learning_rate, batch_size=batch_size)
     info = rank_info()
     plan = plan_for_kinds(variable_kinds(job), "ps", partitions=info.size, model_name=job.name, sync=sync,
                           max_staleness=None if sync else max_staleness)
@@ -104,7 +106,8 @@ def run_setting(setting: str, args) -> dict:
     from parallax_nb.launch import run_on_ranks
 
     kwargs = dict(size=args.size, steps=args.steps, warmup=args.warmup, slow_rank=1, slowdown=args.slowdown,
-                  learning_rate=args.learning_rate, batch_size=args.batch_size, eval_batches=args.eval_batches)
+                  learning_rate=args.learning_rate, batch_size=args.batch_size, eval_batches=args.eval_batches,
+                  optimizer=args.optimizer)
     out = {"predicted": predicted_outlook(setting, args)}
     print(f"  {setting} predicted (uncalibrated):\n    " + "\n    ".join(out["predicted"]["lines"]), flush=True)
     for config in CONFIGS:
@@ -127,7 +130,7 @@ def run_setting(setting: str, args) -> dict:
               f"(per rank {[round(x, 1) for x in out[config]['per_rank_examples_per_s']]}), "
               f"loss {out[config]['loss']:.4f}, most steps ahead {out[config]['steps_ahead_max']}", flush=True)
     out["sequential_loss"] = sequential_loss(args, ranks_of(setting))
-    print(f"  {setting} sequential SGD (single device, {ranks_of(setting) * args.steps} steps of {args.batch_size}): "
+    print(f"  {setting} sequential {args.optimizer} (single device, {ranks_of(setting) * args.steps} steps of {args.batch_size}): "
           f"loss {out['sequential_loss']:.4f}", flush=True)
     return out
 
@@ -160,7 +163,7 @@ def sequential_loss(args, ranks: int) -> float:
     from parallax_nb.runtime.reference import train_single_device
     from parallax_nb.workloads import lm_job
 
-    job = lm_job(args.size, optimizer="sgd", learning_rate=async_learning_rate(args, ranks),
+    job = lm_job(args.size, optimizer=args.optimizer, learning_rate=async_learning_rate(args, ranks),
                  batch_size=args.batch_size)
     weights, _ = train_single_device(job, ranks * args.steps, batch_size=args.batch_size)
     return _loss_on_data(job, weights, args.eval_batches)
@@ -183,7 +186,7 @@ def async_learning_rate(args, ranks: int) -> float:
 def summary(invocations: list[dict], args) -> str:
     """Median (min-max) over invocations of each configuration's examples/s, its ratio to
     sync's (taken inside each invocation) and its loss against sync's."""
-    lines = [f"bench_async: LM {args.size}, PS, SGD lr {args.learning_rate}, batch {args.batch_size} per rank, "
+    lines = [f"bench_async: LM {args.size}, PS, {args.optimizer} lr {args.learning_rate}, batch {args.batch_size} per rank, "
              f"{args.steps} steps per rank (rates after {args.warmup}), rank 1 {args.slowdown:g}x slower; "
              f"{len(invocations)} invocation(s), median (min-max)"]
 
@@ -209,9 +212,9 @@ def summary(invocations: list[dict], args) -> str:
             if config != "sync":
                 staleness = [100 * (inv[setting][config]["loss"] / inv[setting]["sequential_loss"] - 1)
                              for inv in invocations]
-                line += f", {fmt(staleness, ' %')} vs sequential SGD's"
+                line += f", {fmt(staleness, ' %')} vs sequential {args.optimizer}'s"
             lines.append(line)
-        lines.append(f"  {'sequential SGD':<18} loss {fmt([inv[setting]['sequential_loss'] for inv in invocations])}")
+        lines.append(f"  {'sequential ' + args.optimizer:<18} loss {fmt([inv[setting]['sequential_loss'] for inv in invocations])}")
     return "\n".join(lines)
 
 
@@ -224,6 +227,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=0.1)
+    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adagrad"),
+                        help="the LM's optimizer (lm_job's names)")
     parser.add_argument("--async-learning-rate", type=float, default=None,
                         help="learning rate of the asynchronous configurations (default: --learning-rate / ranks)")
     parser.add_argument("--slowdown", type=float, default=2.0)

@@ -38,7 +38,8 @@ def measure(rows: int, dim: int, seconds: float) -> dict:
     """On each of 2 ranks; rank 1 returns the latencies (ms), rank 0 its CPU use."""
     import numpy as np
 
-    from parallax_nb.runtime.async_ps import SGD, AsyncPS, mpi
+    from parallax_nb.runtime.async_ps import AsyncPS, mpi
+    from parallax_nb.runtime.owner_optimizers import SGD
 
     world = mpi().COMM_WORLD
     table = np.zeros((4 * rows, dim), np.float32)   # P = 2: even rows are rank 0's partition 0

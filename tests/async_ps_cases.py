@@ -28,7 +28,8 @@ def constant_gradient_training(steps: int, max_staleness, partitions: int, snaps
     sleeps ``slow_s`` per step. Records every pull and push, when each step began (its pull
     returned, after any SSP wait) and when it ended (before ``end_step`` announces it), a snapshot after
     ``snapshot_at`` steps, the final partitions, and the threads before and after."""
-    from parallax_nb.runtime.async_ps import SGD, AsyncPS
+    from parallax_nb.runtime.async_ps import AsyncPS
+    from parallax_nb.runtime.owner_optimizers import SGD
 
     threads_before = sorted(t.name for t in threading.enumerate())
     ps = AsyncPS.from_arrays({"table": initial_table()}, partitions, SGD(LEARNING_RATE), max_staleness=max_staleness,
@@ -67,7 +68,8 @@ def one_worker_against_sync(steps: int, partitions: int) -> dict:
     import keras
     import tensorflow as tf
 
-    from parallax_nb.runtime.async_ps import SGD, AsyncPS, mpi
+    from parallax_nb.runtime.async_ps import AsyncPS, mpi
+    from parallax_nb.runtime.owner_optimizers import SGD
     from parallax_nb.runtime.tensor_ops import deduplicate
 
     rng = np.random.default_rng(7)
@@ -107,7 +109,8 @@ def many_at_once(partitions: int) -> dict:
     must change nothing, its valid first part included. Then "a" whole (ids None): pulled, a
     push of the wrong shape refused, a whole push applied once per worker."""
     from parallax_nb.errors import ConfigError
-    from parallax_nb.runtime.async_ps import SGD, AsyncPS
+    from parallax_nb.runtime.async_ps import AsyncPS
+    from parallax_nb.runtime.owner_optimizers import SGD
 
     ids = np.arange(ROWS)
     ps = AsyncPS.from_arrays({"a": initial_table(), "b": second_table()}, partitions, SGD(LEARNING_RATE),
@@ -145,7 +148,8 @@ def dead_peer_waits(timeout_s: float) -> dict:
     its second step: its wait must end in an error naming rank 1. (2) Rank 1's serving thread
     stops (a dead server): rank 0's pull of a row rank 1 owns must end in an error naming rank 1."""
     from parallax_nb.errors import DistributedError
-    from parallax_nb.runtime.async_ps import SGD, AsyncPS, mpi
+    from parallax_nb.runtime.async_ps import AsyncPS, mpi
+    from parallax_nb.runtime.owner_optimizers import SGD
 
     world = mpi().COMM_WORLD
     rank = world.Get_rank()
@@ -192,7 +196,8 @@ def peer_abort(steps_before: int) -> dict:
     an error ends it. Each records the wall time of its abort or error, the error's text,
     the steps it did and whether its serving thread is still alive."""
     from parallax_nb.errors import DistributedError
-    from parallax_nb.runtime.async_ps import SGD, AsyncPS
+    from parallax_nb.runtime.async_ps import AsyncPS
+    from parallax_nb.runtime.owner_optimizers import SGD
 
     ps = AsyncPS.from_arrays({"table": initial_table()}, 2, SGD(LEARNING_RATE), max_staleness=None, timeout_s=30)
     out = dict(rank=ps.rank, error=None, at=None, steps=0)

@@ -89,20 +89,45 @@ def constant_gradient_case(steps: int, partitions: int, max_staleness, slow_rank
     return out
 
 
-def sync_against_async(workload: str, steps: int, partitions: int) -> dict:
-    """The same job and plan (architecture PS) trained synchronously, then asynchronously."""
+def make_optimizer(name: str):
+    """The optimizers the owners' rules are checked against, by name (every option a rule
+    implements, with weight decay, a schedule and each kind of clipping)."""
+    import keras
+
+    o = keras.optimizers
+    return {
+        "sgd": lambda: o.SGD(0.5),
+        "sgd_nesterov_clipnorm": lambda: o.SGD(0.2, momentum=0.9, nesterov=True, clipnorm=0.05),
+        "sgd_momentum_decay": lambda: o.SGD(0.2, momentum=0.5, weight_decay=0.01),
+        "adam_schedule": lambda: o.Adam(o.schedules.ExponentialDecay(0.01, 2, 0.5), amsgrad=True),
+        "adamw_global_clipnorm": lambda: o.AdamW(0.01, weight_decay=0.1, global_clipnorm=0.5),
+        "adagrad_clipvalue": lambda: o.Adagrad(0.1, clipvalue=0.001),
+        "rmsprop": lambda: o.RMSprop(0.01, momentum=0.5, centered=True),
+    }[name]()
+
+
+def sync_against_async(workload: str, steps: int, partitions: int, optimizer: str = "sgd") -> dict:
+    """The same job and plan (architecture PS) trained synchronously, then asynchronously,
+    with the optimizer :func:`make_optimizer` names; with the final optimizer slots."""
+    import functools
+
     from runtime_cases import make_job, make_plan
 
+    from parallax_nb.runtime.checkpoint import slot_map
     from parallax_nb.runtime.trainer import Trainer
 
     out = {}
     for sync in (True, False):
-        job = make_job(workload, "sgd")
+        job = make_job(workload, "sgd").replace(optimizer=functools.partial(make_optimizer, optimizer))
         plan = make_plan(job, "ps", partitions).with_sync(sync)
         trainer = Trainer(job, plan)
         result = trainer.run(steps, step_timeout_s=120)
+        slots, _ = slot_map(trainer.optimizer, [v for s in trainer.syncs for v in s.optimizer_variables])
+        by_part = {f"{s.name}:{slot}:{p}": v.numpy() for s in trainer.syncs if s.shard is not None
+                   for p, part in zip(s.shard.owned, s.shard.parts) for slot, v in slots.get(id(part), {}).items()}
         out["sync" if sync else "async"] = {"weights": result.weights, "losses": [r.loss for r in result.history],
-                                            "variables": result.variables, "steps_ahead": list(trainer.steps_ahead)}
+                                            "variables": result.variables, "steps_ahead": list(trainer.steps_ahead),
+                                            "slots": by_part}
     return out
 
 
@@ -160,6 +185,50 @@ def checkpoint_case(steps: int, resume_to: int, stop_from: int, every: int, part
     if trainer.rank == 0:
         out.update(weights=first.weights, resumed_weights=resumed.weights, stopped_weights=stopped.weights)
     return out
+
+
+ACCUMULATOR_START = 0.5   # Adagrad's initial accumulator: with squares of multiples of 1/4, exact sums
+
+
+def adagrad_checkpoint_case(steps: int, resume_to: int, every: int, partitions: int, directory: str,
+                            slow_rank: int, slow_s: float) -> dict:
+    """The constant-gradient model under asynchronous Adagrad (an optimizer with a slot):
+    ``steps`` steps with a checkpoint every ``every`` into ``directory/adagrad``, then a new
+    trainer resumed from the newest to ``resume_to``. The accumulator sums the squares of every
+    push's gradients, so each checkpoint's says exactly which pushes its owners had applied.
+    Returns the checkpoint paths of both runs."""
+    import functools
+    import os
+
+    import keras
+
+    from parallax_nb.runtime.trainer import Trainer
+
+    job = constant_gradient_job().replace(optimizer=functools.partial(
+        keras.optimizers.Adagrad, LEARNING_RATE, initial_accumulator_value=ACCUMULATOR_START))
+    plan = _constant_plan(partitions, None)
+    folder = os.path.join(directory, "adagrad")
+    trainer = Trainer(job, plan)
+    first = trainer.run(steps, checkpoint_dir=folder, checkpoint_every=every,
+                        on_step=_slowed(trainer, slow_rank, slow_s), step_timeout_s=120)
+    trainer = Trainer(job, plan)
+    resumed = trainer.run(resume_to, checkpoint_dir=folder, checkpoint_every=every, resume=True,
+                          on_step=_slowed(trainer, slow_rank, slow_s), step_timeout_s=120)
+    return {"rank": trainer.rank, "checkpoints": first.checkpoints, "resumed_checkpoints": resumed.checkpoints}
+
+
+def expected_accumulators(ranks: int, steps: int) -> tuple[np.ndarray, float]:
+    """Adagrad's accumulators of the table and the bias after every push of every rank's first
+    ``steps`` steps, each applied once: a push of rank r's step s adds, per row, the square of
+    (the row's occurrences in that batch / BATCH) in every entry, and 1 for the bias."""
+    ids = example_ids()
+    table = np.full((ROWS, DIM), ACCUMULATOR_START, np.float32)
+    for r in range(ranks):
+        shard = ids[r::ranks]
+        for s in range(steps):
+            counts = np.bincount(shard[s * BATCH:(s + 1) * BATCH].reshape(-1), minlength=ROWS)
+            table += np.square(counts / np.float32(BATCH)).astype(np.float32)[:, None]
+    return table, ACCUMULATOR_START + ranks * steps
 
 
 def nan_labels_job(fail_rank: int, fail_step: int):

@@ -10,10 +10,11 @@ into ``P`` partitions lives in partition ``p = i mod P`` at local row ``i div P`
 
 * ``pull``, ids of one or more variables: answers with their rows, as they are when the
   request is served;
-* ``push``, ids and gradients of one or more variables: applies the update to its partitions
-  (all of them, or none when one is refused), then acknowledges once. Duplicate ids of one
-  push are summed first (as the synchronous PS does), so each touched row gets one update
-  per push: SGD ``w[i] -= lr * sum of the push's gradients of row i``;
+* ``push``, the worker's step and ids and gradients of one or more variables: applies the
+  update to its partitions (all of them, or none when one is refused), then acknowledges
+  once. Duplicate ids of one push are summed first (as the synchronous PS does), so each
+  touched row gets one update per push: with SGD ``w[i] -= lr * sum of the push's gradients
+  of row i``, with other optimizers their update (:mod:`.owner_optimizers`);
 * ``clock(c)``: worker ``r`` has finished ``c`` steps; ``done``: worker ``r`` has finished.
 
 The training thread of the same rank is the *worker*: :meth:`AsyncPS.pull` (or
@@ -139,16 +140,18 @@ Inside a rank that ran ``hvd.init()``, ``MPI.Query_thread()`` is ``MPI_THREAD_MU
 * **TensorFlow's ParameterServerStrategy**: not measured; two eager workers connecting to
   one PS task hung here (DESIGN.md section 3), and it would be a second runtime beside MPI.
 
-The owner's update is a callable ``update(partition_array, local_rows, grads)`` (:class:`SGD`
-here), called under the rank's lock by whichever thread applies the push; a Keras optimizer
-per partition fits the same place.
+The owner's update is an :class:`~.owner_optimizers.OwnerRule` (the user's Keras optimizer's
+update on numpy arrays), called under the rank's lock by whichever thread applies the push,
+with the partition, its slots and the pushing worker's step. The slots are served state like
+the partitions: snapshots, :meth:`AsyncPS.load` and :meth:`AsyncPS.close` carry them under
+``"<variable>:<slot>"``, the checkpoint's keys.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -172,28 +175,20 @@ PULL, PUSH, CLOCK, DONE, SNAPSHOT, ABORT = 1, 2, 3, 4, 5, 6
 ROWS, ACK, SNAPSHOT_TAKEN = 11, 12, 13
 
 
-class SGD:
-    """Plain SGD on an owner's partition: ``w[rows] -= lr * grads`` in the partition's dtype
-    (the same float operations as Keras' SGD without momentum: ``w + (-(lr * g))``)."""
-
-    def __init__(self, learning_rate: float):
-        self.learning_rate = float(learning_rate)
-
-    def __call__(self, part: np.ndarray, rows: np.ndarray, grads: np.ndarray) -> None:
-        part[rows] -= part.dtype.type(self.learning_rate) * grads
-
-
 @dataclass
 class ServedTable:
     """One PS variable as this rank serves it: how it is partitioned, one row's shape and dtype,
     and the partitions this rank owns (``parts[p]``: rows ``p, p + P, ...`` of the variable, as
-    :meth:`RowPartitioning.split`; none on a rank that owns nothing when P < N)."""
+    :meth:`RowPartitioning.split`; none on a rank that owns nothing when P < N). ``slots``:
+    the optimizer's slots of those partitions (slot -> partition -> array, as ``parts``),
+    filled with the rule's initial values by :class:`AsyncPS` where not given."""
 
     name: str
     partitioning: RowPartitioning
     row_shape: tuple[int, ...]
     dtype: np.dtype
     parts: dict[int, np.ndarray]
+    slots: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
 
     @classmethod
     def from_array(cls, name: str, array: np.ndarray, partitions: int, ranks: int, rank: int) -> "ServedTable":
@@ -204,11 +199,24 @@ class ServedTable:
                    {p: part.split(array, p).copy() for p in part.owned_by(rank)})
 
     @classmethod
-    def from_shard(cls, shard) -> "ServedTable":
-        """The partitions a :class:`~.sharded.ShardedVariable` holds on this rank (copied: the
-        served arrays are the parameters from then on; the shard's variables are not updated)."""
+    def from_shard(cls, shard, slots: dict[str, dict[int, object]] | None = None) -> "ServedTable":
+        """The partitions a :class:`~.sharded.ShardedVariable` holds on this rank, and their
+        optimizer ``slots`` (slot -> partition -> array), copied: the served arrays are the
+        parameters from then on; the shard's variables are not updated."""
         return cls(shard.name, shard.partitioning, shard.row_shape, np.dtype(shard.dtype.as_numpy_dtype),
-                   {p: np.array(v) for p, v in shard.values().items()})
+                   {p: np.array(v) for p, v in shard.values().items()},
+                   {slot: {p: np.array(v) for p, v in parts.items()} for slot, parts in (slots or {}).items()})
+
+    def slots_of(self, p: int) -> dict[str, np.ndarray]:
+        """Partition ``p``'s slot arrays (slot -> array)."""
+        return {slot: parts[p] for slot, parts in self.slots.items()}
+
+    def state(self) -> dict[str, dict[int, np.ndarray]]:
+        """Copies of the partitions (under the variable's name) and of every slot (under
+        ``"<name>:<slot>"``), the checkpoint's keys."""
+        out = {self.name: {p: part.copy() for p, part in self.parts.items()}}
+        out.update({f"{self.name}:{slot}": {p: a.copy() for p, a in parts.items()} for slot, parts in self.slots.items()})
+        return out
 
 
 def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -243,7 +251,8 @@ class AsyncPS:
     Collective to create (every rank of ``comm``, default the world, in the same order): it
     duplicates ``comm`` twice and starts the serving thread. Use as a context manager or call
     :meth:`close`. ``tables``: the variables served, each partitioned over ``comm``'s ranks;
-    ``update``: the owner's optimizer step on one partition (:class:`SGD`).
+    ``update``: the owner's optimizer step on one partition (an
+    :class:`~.owner_optimizers.OwnerRule`, e.g. :class:`~.owner_optimizers.SGD`).
     ``steps_ahead[t]``: how many steps this worker was ahead of the slowest when it started
     step ``t`` (after any SSP wait): the measured staleness. ``traffic[name]``: per peer rank,
     the payload bytes this rank handed to MPI for it and received from it (``[sent,
@@ -267,6 +276,9 @@ class AsyncPS:
         self.tables = {t.name: t for t in tables}
         for t in tables:
             self._check_table(t)
+            for slot in update.slots:
+                if slot not in t.slots:
+                    t.slots[slot] = {p: np.full_like(part, update.slots[slot]) for p, part in t.parts.items()}
         self.traffic = {t.name: np.zeros((self.ranks, 2)) for t in tables}
         self.update = update
         self.max_staleness = max_staleness
@@ -402,9 +414,9 @@ class AsyncPS:
             self._await_acks()   # the previous step's, deferred by end_step (module docstring)
         if self.rank in outgoing:
             with self._state:
-                self._apply_all(outgoing.pop(self.rank))
+                self._apply_all(self.step, outgoing.pop(self.rank))
         for owner, items in outgoing.items():
-            self._send(items, owner, PUSH)
+            self._send((self.step, items), owner, PUSH)
             for name, ids, grads in items:
                 self._count(name, owner, _nbytes(ids) + _nbytes(grads), 0)
             self._unacked[owner] += 1
@@ -448,8 +460,8 @@ class AsyncPS:
         self._turn_taken = t
 
     def snapshot(self, stop: bool = False) -> dict[str, dict[int, np.ndarray]]:
-        """This rank's partitions holding exactly the pushes of every worker's steps before
-        ``self.step`` (module docstring). Collective: every worker that has not finished calls
+        """This rank's partitions (and their optimizer slots, under ``"name:slot"``) holding
+        exactly the pushes of every worker's steps before ``self.step`` (module docstring). Collective: every worker that has not finished calls
         it after the same number of steps (a worker that finished earlier, after fewer steps,
         is counted with all its pushes: it has no step at or after ``self.step``).
 
@@ -474,33 +486,40 @@ class AsyncPS:
             return parts
 
     def load(self, parts: dict[str, dict[int, np.ndarray]], step: int) -> None:
-        """Serve ``parts`` (name -> partition -> array, this rank's partitions) from now on, as
-        the state after ``step`` steps of every worker (a resumed checkpoint); this worker's
-        step count and every worker's clock start there. Call it on every rank before any
-        worker pulls or pushes (then pass a barrier): a pull served before would read the old
-        values."""
+        """Serve ``parts`` from now on, as the state after ``step`` steps of every worker (a
+        resumed checkpoint): this rank's partitions of every variable (name -> partition ->
+        array) and of every slot of the owners' optimizer (``"name:slot"`` -> partition ->
+        array, as :meth:`snapshot` returns them); this worker's step count and every worker's
+        clock start there. Call it on every rank before any worker pulls or pushes (then pass
+        a barrier): a pull served before would read the old values. Everything is checked
+        before anything is replaced."""
         self._check_usable()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ConfigError(f"step must be a whole number >= 0, got {step!r}")
         with self._state:
-            for name, table in self.tables.items():
-                given = parts.get(name, {})
-                if sorted(given) != sorted(table.parts):
-                    raise PlanError(f"rank {self.rank} was given partitions {sorted(given)} of {name!r} to serve, "
-                                    f"it owns {sorted(table.parts)}")
-                for p, part in table.parts.items():
-                    array = np.asarray(given[p], dtype=table.dtype)
-                    if array.shape != part.shape:
-                        raise PlanError(f"partition {p} of {name!r} has shape {array.shape}, rank {self.rank} "
-                                        f"serves it with shape {part.shape}")
-                    part[...] = array
+            replaced = []
+            for table in self.tables.values():
+                for key, held in table.state().items():
+                    given = parts.get(key, {})
+                    if sorted(given) != sorted(held):
+                        raise PlanError(f"rank {self.rank} was given partitions {sorted(given)} of {key!r} to "
+                                        f"serve, it owns {sorted(held)}")
+                    for p, now in held.items():
+                        array = np.asarray(given[p], dtype=table.dtype)
+                        if array.shape != now.shape:
+                            raise PlanError(f"partition {p} of {key!r} has shape {array.shape}, rank {self.rank} "
+                                            f"serves it with shape {now.shape}")
+                        replaced.append((table, key, p, array))
+            for table, key, p, array in replaced:
+                slot = key[len(table.name) + 1:]
+                (table.slots[slot] if slot else table.parts)[p][...] = array
             self.step = step
             self._clocks = [max(c, step) for c in self._clocks]
             self._state.notify_all()
 
     def close(self) -> dict[str, dict[int, np.ndarray]]:
         """Say done, serve the others until all are done, stop; return this rank's final
-        partitions (every push of every worker applied). Raises naming the ranks that sent
+        partitions and slots (every push of every worker applied; keys as :meth:`snapshot`). Raises naming the ranks that sent
         nothing for ``timeout_s`` and never said done; the serving thread is stopped either way."""
         if self._closed:
             return self._final()
@@ -584,7 +603,15 @@ class AsyncPS:
 
     def _final(self) -> dict[str, dict[int, np.ndarray]]:
         with self._state:
-            return {name: {p: part.copy() for p, part in t.parts.items()} for name, t in self.tables.items()}
+            return self._copy_state()
+
+    def _copy_state(self) -> dict[str, dict[int, np.ndarray]]:
+        """Copies of this rank's partitions and slots of every variable (call under ``_state``):
+        ``{name: {p: array}, "name:slot": {p: array}}``."""
+        out = {}
+        for table in self.tables.values():
+            out.update(table.state())
+        return out
 
     def _table(self, name: str) -> ServedTable:
         if name not in self.tables:
@@ -740,11 +767,12 @@ class AsyncPS:
                 for i, (name, ids) in enumerate(payload):
                     self._count(name, source, _nbytes(rows[i]) if isinstance(rows, list) else 0, _nbytes(ids))
                 return [(source, ROWS, rows)]
-        if tag == PUSH:   # [(name, ids, grads)], applied together
+        if tag == PUSH:   # (the worker's step, [(name, ids, grads)]), applied together
+            step, items = payload
             with self._state:
-                for name, ids, grads in payload:
+                for name, ids, grads in items:
                     self._count(name, source, 0, _nbytes(ids) + _nbytes(grads))
-                return [(source, ACK, self._guarded(self._apply_all, payload))]
+                return [(source, ACK, self._guarded(self._apply_all, step, items))]
         if tag == CLOCK:
             with self._state:
                 self._clocks[source] = max(self._clocks[source], payload)
@@ -789,8 +817,7 @@ class AsyncPS:
             del self._snapshot_asks[at]
             stop = self._snapshot_stops.pop(at)
             if self.rank in asked:
-                self._snapshots[at] = ({name: {p: part.copy() for p, part in t.parts.items()}
-                                        for name, t in self.tables.items()}, stop)
+                self._snapshots[at] = (self._copy_state(), stop)
             replies += [(r, SNAPSHOT_TAKEN, (at, stop)) for r in sorted(asked) if r != self.rank]
             self._state.notify_all()
         return replies
@@ -836,10 +863,11 @@ class AsyncPS:
             out.setdefault(part.owner(p), {})[p] = part.split(grads, p)
         return out
 
-    def _apply_all(self, items: list[tuple]) -> None:
+    def _apply_all(self, step: int, items: list[tuple]) -> None:
         """One push's update of this rank's partitions, ``(name, ids, grads)`` per variable
-        (ids None: ``grads`` maps each partition to its whole gradient; call under ``_state``):
-        every part is checked before any is applied, so a refused push changes nothing."""
+        (ids None: ``grads`` maps each partition to its whole gradient; call under ``_state``),
+        by a worker that had finished ``step`` steps: every part is checked before any is
+        applied, so a refused push changes nothing."""
         located = []
         for name, ids, grads in items:
             table = self._table(name)
@@ -854,12 +882,12 @@ class AsyncPS:
         for table, partitions, local, grads in located:
             if partitions is None:
                 for p, grad in grads.items():
-                    self.update(table.parts[p], slice(None), grad)
+                    self.update(table.name, table.parts[p], slice(None), grad, table.slots_of(p), step)
                 continue
             for p, part in table.parts.items():
                 mine = partitions == p
                 if np.any(mine):
-                    self.update(part, local[mine], grads[mine])
+                    self.update(table.name, part, local[mine], grads[mine], table.slots_of(p), step)
         return None
 
 

@@ -100,6 +100,28 @@ class ShardedClipping:
             return [(_clip_values(g, self.clipvalue), v) for g, v in pairs], []
         return pairs, []
 
+    def clip_pushes(self, names: list[str], grads: list) -> list:
+        """An asynchronous worker's own gradients (one per variable ``names[i]``, its rows
+        unique), clipped as one device clips its step's gradient, before they are pushed: the
+        same formulas as :meth:`clip`, with the norms of this worker's gradient alone (there
+        is no collective; the owners apply what arrives)."""
+        if not self.active:
+            return grads
+        if self.clipvalue is not None and self.clipnorm is None and self.global_clipnorm is None:
+            return [tf.clip_by_value(g, -self.clipvalue, self.clipvalue) for g in grads]
+        squares = [tf.constant(0.0)] * len(self.names)
+        index = {name: self.names.index(name) for name in names}
+        for name, g in zip(names, grads):
+            squares[index[name]] = squares[index[name]] + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+        squares = tf.stack(squares)
+        if self.clipnorm is not None:
+            factors = self.clipnorm / tf.maximum(tf.sqrt(squares), self.clipnorm)
+            return [_scale(g, factors[index[name]]) for name, g in zip(names, grads)]
+        norm = tf.sqrt(tf.reduce_sum(squares))
+        c = self.global_clipnorm
+        factor = c * tf.minimum(1.0 / norm, 1.0 / c) + (norm - norm)
+        return [_scale(g, factor) for g in grads]
+
     def _squared_norms(self, pairs: list[tuple]) -> tf.Tensor:
         """Squared L2 norm of every model variable's whole gradient (float32, one per variable,
         zero for a variable without gradient), identical on every rank."""

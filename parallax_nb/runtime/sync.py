@@ -116,10 +116,13 @@ class GradientExchange:
         """(ids, gradient) tensors the step hands back for pushing, in the order of :meth:`push`."""
         return [(ids, grad) for e in self.exchanges.values() for _, ids, grad in e.outgoing]
 
+    def outgoing_names(self) -> list[str]:
+        """The variable of each of :meth:`outgoing`'s entries."""
+        return [name for e in self.exchanges.values() for name, _, _ in e.outgoing]
+
     def push(self, values: list[tuple]) -> None:
         """Push the step's gradients (:meth:`outgoing`, evaluated) to their owners (asynchronous PS)."""
-        names = [name for e in self.exchanges.values() for name, _, _ in e.outgoing]
-        self.wire.server.push_many([(name, ids, grad) for name, (ids, grad) in zip(names, values)])
+        self.wire.server.push_many([(name, ids, grad) for name, (ids, grad) in zip(self.outgoing_names(), values)])
 
     def exchange(self, grads_by_sync: list[list], carried=None) -> tuple[list[tuple], "tf.Tensor | None"]:
         """(grad, variable) pairs for the optimizer, and ``carried`` averaged over the ranks when

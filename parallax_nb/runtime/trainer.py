@@ -34,9 +34,13 @@ barrier (:mod:`.exchanges.async_pull_push`). What differs from a synchronous run
 * the loss of a step is this rank's own (there is no global mean without a barrier), as are
   the health check and a stop request (the rank that was asked stops; the others go on;
   with periodic checkpoints every rank stops at the next checkpoint instead, see below);
-* the owners apply plain SGD (``keras.optimizers.SGD`` without momentum, weight decay or
-  clipping, at a constant learning rate), each push once and without dividing by the
-  number of workers; any other optimizer is refused (:func:`async_learning_rate`);
+* the owners apply the user's optimizer (SGD with or without momentum, Adam, AdamW,
+  Adagrad, RMSprop; weight decay and learning-rate schedules included) to their partitions,
+  each push once as one optimizer step at the pushing worker's step count, without dividing
+  by the number of workers (:mod:`.owner_optimizers`; other optimizers are refused). The
+  worker clips its own gradient before pushing it (the user's ``clipnorm``,
+  ``global_clipnorm`` or ``clipvalue``). The owners' slots are served with the partitions,
+  and written into the Keras optimizer's slot variables for each checkpoint and at the end;
 * a checkpoint at step ``c`` is the owners' consistent snapshot
   (:meth:`.async_ps.AsyncPS.snapshot`): exactly the pushes of every worker's steps before
   ``c`` (a worker that stopped after ``d < c`` steps: its ``d`` steps), none later; taking it
@@ -133,9 +137,10 @@ class Trainer:
         self._broadcast_initial_values()
         self._shard_ps_variables()
         self.optimizer = job.make_optimizer()
-        self.server = self._serve_ps_variables() if self.asynchronous else None
+        rule = self._owner_rule() if self.asynchronous else None
         self.clipping = take_over(self.optimizer, self.syncs, self.ranks)
         self.optimizer.build([v for s in self.syncs for v in s.optimizer_variables])
+        self.server = self._serve_ps_variables(rule) if self.asynchronous else None
         self.ledger = ByteLedger()
         hierarchy = Hierarchy(self.topology, self.rank) if self.local_aggregation else None
         self.exchange = GradientExchange(self.syncs, self.ranks, self.rank, self.ledger, topology=self.topology,
@@ -243,14 +248,52 @@ class Trainer:
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
                             routed=name in self.routed, asynchronous=self.asynchronous and method is Method.PS)
 
-    def _serve_ps_variables(self):
-        """This rank's asynchronous PS over its partitions of every PS variable, with SGD at the
-        user's learning rate (collective: every rank starts its serving thread)."""
-        from .async_ps import SGD, AsyncPS, ServedTable
+    def _owner_rule(self):
+        """The user's optimizer as the owners of an asynchronous run apply it
+        (:func:`.owner_optimizers.owner_rule`; refused when it has none), with weight decay for
+        the variables Keras decays on one device."""
+        from .owner_optimizers import owner_rule
 
-        learning_rate = async_learning_rate(self.optimizer)
-        tables = [ServedTable.from_shard(s.shard) for s in self.syncs if s.shard is not None]
-        return AsyncPS(tables, SGD(learning_rate), max_staleness=self.plan.max_staleness)
+        decayed = ()
+        if self.optimizer.weight_decay:
+            decayed = [s.name for s in self.syncs if self.optimizer._use_weight_decay(s.variable.value)]
+        return owner_rule(self.optimizer, decayed)
+
+    def _serve_ps_variables(self, rule):
+        """This rank's asynchronous PS over its partitions of every PS variable and their slots
+        (as the Keras optimizer holds them: their initial values, or a restored checkpoint's),
+        applying ``rule`` (collective: every rank starts its serving thread)."""
+        from .async_ps import AsyncPS, ServedTable
+
+        tables = [ServedTable.from_shard(s.shard, {slot: {p: v.numpy() for p, v in parts.items()}
+                                                   for slot, parts in self._keras_slots(s).items() if slot in rule.slots})
+                  for s in self.syncs if s.shard is not None]
+        return AsyncPS(tables, rule, max_staleness=self.plan.max_staleness)
+
+    def _keras_slots(self, sync) -> dict[str, dict[int, object]]:
+        """The Keras optimizer's slot variables of ``sync``'s partitions on this rank:
+        slot -> partition -> variable."""
+        from .checkpoint import slot_map
+
+        slots, _ = slot_map(self.optimizer, sync.optimizer_variables)
+        out: dict[str, dict[int, object]] = {}
+        for p, part in zip(sync.shard.owned, sync.shard.parts):
+            for slot, variable in slots.get(id(part), {}).items():
+                out.setdefault(slot, {})[p] = variable
+        return out
+
+    def _adopt_served_slots(self, served: dict[str, dict[int, np.ndarray]]) -> None:
+        """Asynchronous: write the owners' slots of a snapshot (or the final state) into the
+        Keras optimizer's slot variables of the partitions, which checkpoints and the
+        optimizer after the run read (the owners, not Keras, update them during the steps)."""
+        for sync in self.syncs:
+            if sync.shard is None:
+                continue
+            for slot, parts in self._keras_slots(sync).items():
+                served_parts = served.get(f"{sync.name}:{slot}")
+                if served_parts is not None:
+                    for p, variable in parts.items():
+                        variable.assign(served_parts[p])
 
     def _broadcast_initial_values(self) -> None:
         hvd = self.hvd
@@ -356,7 +399,16 @@ class Trainer:
                     with tf.control_dependencies([_updated(v) for s in self.syncs for v in s.optimizer_variables]):
                         reduced = hvd.allreduce(reduced, op=hvd.Average, name="px_loss", ignore_name_scope=True)
         return (reduced[0], reduced[1:-1], reduced[-1], self.ledger.totals([s.name for s in self.syncs]), issued,
-                self.exchange.outgoing())
+                self._clipped_pushes())
+
+    def _clipped_pushes(self) -> list[tuple]:
+        """Asynchronous: the step's (ids, gradient) to push, clipped by the worker as the user's
+        optimizer asks (:meth:`.optimizer.ShardedClipping.clip_pushes`)."""
+        outgoing = self.exchange.outgoing()
+        if not outgoing or not self.clipping.active:
+            return outgoing
+        clipped = self.clipping.clip_pushes(self.exchange.outgoing_names(), [g for _, g in outgoing])
+        return [(ids, g) for (ids, _), g in zip(outgoing, clipped)]
 
     def run_step(self, x, y, stop_requested: bool = False) -> StepRecord:
         """One step; a non-finite loss or gradient on any rank raises :class:`NumericError` on
@@ -595,6 +647,7 @@ class Trainer:
         self.stop_agreed = self.server.stop_agreed
         resume_horovod()   # the snapshot was a barrier of every worker: all are here
         self._count_async_iterations(self.step)
+        self._adopt_served_slots(served)
         try:
             return ckpt.save(self, directory, weights=self.weights(served))
         finally:
@@ -605,7 +658,14 @@ class Trainer:
         state after its step, on every rank before any worker pulls (a barrier). Collective."""
         if self.server is None:
             return
-        self.server.load({s.name: s.shard.values() for s in self.syncs if s.shard is not None}, self.step)
+        state = {}
+        for s in self.syncs:
+            if s.shard is not None:
+                state[s.name] = s.shard.values()
+                for slot, parts in self._keras_slots(s).items():
+                    if slot in self.server.update.slots:
+                        state[f"{s.name}:{slot}"] = {p: v.numpy() for p, v in parts.items()}
+        self.server.load(state, self.step)
         barrier(f"async_resumed_{self.step}")
 
     def _finish_async(self) -> None:
@@ -618,6 +678,7 @@ class Trainer:
         self.steps_ahead = list(server.steps_ahead)
         final = server.close()
         resume_horovod()   # close() ended with a barrier of every rank
+        self._adopt_served_slots(final)
         for i, sync in enumerate(self.syncs):
             if sync.shard is None:
                 continue
@@ -734,32 +795,6 @@ def train(job: Job, plan, steps: int, *, checkpoint_dir: str | None = None, chec
     finally:
         if watchdog is not None:
             watchdog.stop()
-
-
-def async_learning_rate(optimizer) -> float:
-    """The learning rate of ``optimizer`` if the owners of an asynchronous run can apply it as
-    :class:`.async_ps.SGD` does (``w -= lr * g``): ``keras.optimizers.SGD`` without momentum,
-    Nesterov, weight decay, clipping, EMA or gradient accumulation, at a constant learning
-    rate. Anything else raises :class:`JobError` naming what is supported."""
-    import keras
-
-    hint = ("asynchronous training supports keras.optimizers.SGD(learning_rate=<a number>) for now; "
-            "use it, or train synchronously (sync=True) with this optimizer")
-    if type(optimizer) is not keras.optimizers.SGD:
-        raise JobError(f"asynchronous training applies plain SGD on the owners; the optimizer is "
-                       f"{type(optimizer).__name__}", hint=hint)
-    options = {"momentum": optimizer.momentum, "nesterov": optimizer.nesterov,
-               "weight_decay": optimizer.weight_decay, "clipnorm": optimizer.clipnorm,
-               "global_clipnorm": optimizer.global_clipnorm, "clipvalue": optimizer.clipvalue,
-               "use_ema": optimizer.use_ema,
-               "gradient_accumulation_steps": getattr(optimizer, "gradient_accumulation_steps", None)}
-    used = {name: value for name, value in options.items() if value}
-    if used:
-        raise JobError(f"asynchronous training applies plain SGD on the owners; the optimizer sets {used}", hint=hint)
-    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-        raise JobError("asynchronous training needs a constant learning rate; the optimizer has the schedule "
-                       f"{type(optimizer._learning_rate).__name__}", hint=hint)
-    return float(np.asarray(optimizer.learning_rate))
 
 
 def _updated(variable) -> tf.Tensor:

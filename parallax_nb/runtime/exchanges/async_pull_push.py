@@ -18,9 +18,10 @@ A step of one worker:
    their rows (duplicates of a row inside the batch summed), and per PS dense variable its
    whole gradient, pushed as partitions without row ids (:meth:`Exchange.gradients` hands
    nothing to the optimizer);
-4. after the step the trainer pushes them (:meth:`..sync.GradientExchange.push`), all of them
-   in one message to each owner, which applies SGD to its partitions as the push arrives,
-   exactly once; ``end_step`` follows.
+4. after the step the trainer pushes them (:meth:`..sync.GradientExchange.push`; clipped first
+   when the optimizer clips), all of them in one message to each owner, which applies the
+   user's optimizer to its partitions as the push arrives, exactly once
+   (:mod:`..owner_optimizers`); ``end_step`` follows.
 
 No division by W: an asynchronous worker's update is its own batch's gradient times the
 learning rate (Parallax's asynchronous PS, Hogwild-style), so W workers make W updates where
@@ -115,11 +116,17 @@ class AsyncSparsePS(Exchange):
         return [rows for _, rows in self.router.pulled.get(sync.name, [])]
 
     def gradients(self, items, carried=None):
+        """One push per variable: the gradient of its pulled rows (several lookups of one
+        variable summed per row, so the rows are unique, as the worker's clipping wants)."""
         self.outgoing = []
         for sync, grads in items:
-            for (ids, _), grad in zip(self.router.pulled.get(sync.name, []), grads):
-                if grad is not None:   # an IndexedSlices over the pulled rows: its duplicates summed
-                    self.outgoing.append((sync.name, ids, tf.convert_to_tensor(grad)))
+            pieces = [(ids, tf.convert_to_tensor(grad)) for (ids, _), grad
+                      in zip(self.router.pulled.get(sync.name, []), grads) if grad is not None]
+            if len(pieces) > 1:
+                ids, where = tf.unique(tf.concat([ids for ids, _ in pieces], 0))
+                grad = tf.math.unsorted_segment_sum(tf.concat([g for _, g in pieces], 0), where, tf.shape(ids)[0])
+                pieces = [(ids, grad)]
+            self.outgoing += [(sync.name, ids, grad) for ids, grad in pieces]
         return [], None
 
     def collectives(self) -> list[Collective]:
