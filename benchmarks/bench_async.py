@@ -144,7 +144,7 @@ def predicted_outlook(setting: str, args) -> dict:
     from parallax_nb.types import ClusterSpec
     from parallax_nb.workloads import lm_job
 
-    job = lm_job(args.size, optimizer="sgd", learning_rate=args.learning_rate, batch_size=args.batch_size)
+    job = lm_job(args.size, optimizer=args.optimizer, learning_rate=args.learning_rate, batch_size=args.batch_size)
     if setting.startswith("loop"):
         cluster = ClusterSpec.create(machines=1, workers_per_machine=ranks_of(setting))
     else:
