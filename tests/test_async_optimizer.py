@@ -22,6 +22,7 @@ def _optimizers(k):
     o = k.optimizers
     return {
         "sgd": lambda: o.SGD(0.3),
+        "sgd_decay": lambda: o.SGD(0.3, weight_decay=0.05),
         "sgd_momentum": lambda: o.SGD(0.3, momentum=0.9),
         "sgd_nesterov_decay": lambda: o.SGD(0.3, momentum=0.5, nesterov=True, weight_decay=0.05),
         "adam": lambda: o.Adam(0.05),

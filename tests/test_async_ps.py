@@ -24,7 +24,8 @@ import pytest
 
 import async_ps_cases as cases
 from parallax_nb.errors import ConfigError
-from parallax_nb.runtime.async_ps import AsyncPS, ServedTable, sum_duplicates
+from parallax_nb.runtime.async_ps import AsyncPS
+from parallax_nb.runtime.served_tables import ServedTable, sum_duplicates
 from parallax_nb.runtime.owner_optimizers import SGD
 from parallax_nb.runtime.partitioning import RowPartitioning
 

@@ -5,7 +5,9 @@ How it works
 ------------
 Rows are owned as in the synchronous PS (:mod:`.partitioning`): row ``i`` of a variable split
 into ``P`` partitions lives in partition ``p = i mod P`` at local row ``i div P``, owned by rank
-``p mod N``. Each rank runs one *serving thread* that receives, on a communicator of its own
+``p mod N``. What a rank serves, and what an owner does with it (read rows, apply a push, take
+or replace its state), is :mod:`.served_tables`; this module is the messaging around it. Each
+rank runs one *serving thread* that receives, on a communicator of its own
 (a duplicate of the job's, so nothing it sends can match Horovod's or the trainer's messages):
 
 * ``pull``, ids of one or more variables: answers with their rows, as they are when the
@@ -151,14 +153,13 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from ..errors import ConfigError, DistributedError, PlanError, SetupError
+from ..errors import ConfigError, DistributedError, SetupError
 from ..failures import peer_failure_message
-from .partitioning import RowPartitioning
+from .served_tables import ServedTable, ServedTables, sum_duplicates
 
 #: the serving thread and a waiting worker poll MPI and sleep between polls, from
 #: MIN_PAUSE_S doubling to MAX_PAUSE_S while nothing comes (measured: an idle serving thread
@@ -173,61 +174,6 @@ ABORT_SEND_S = 1.0
 # message tags: worker -> server on the request communicator, server -> worker on the reply one
 PULL, PUSH, CLOCK, DONE, SNAPSHOT, ABORT = 1, 2, 3, 4, 5, 6
 ROWS, ACK, SNAPSHOT_TAKEN = 11, 12, 13
-
-
-@dataclass
-class ServedTable:
-    """One PS variable as this rank serves it: how it is partitioned, one row's shape and dtype,
-    and the partitions this rank owns (``parts[p]``: rows ``p, p + P, ...`` of the variable, as
-    :meth:`RowPartitioning.split`; none on a rank that owns nothing when P < N). ``slots``:
-    the optimizer's slots of those partitions (slot -> partition -> array, as ``parts``),
-    filled with the rule's initial values by :class:`AsyncPS` where not given."""
-
-    name: str
-    partitioning: RowPartitioning
-    row_shape: tuple[int, ...]
-    dtype: np.dtype
-    parts: dict[int, np.ndarray]
-    slots: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
-
-    @classmethod
-    def from_array(cls, name: str, array: np.ndarray, partitions: int, ranks: int, rank: int) -> "ServedTable":
-        """The partitions ``rank`` owns of a whole ``array`` split into ``partitions``."""
-        array = np.asarray(array)
-        part = RowPartitioning(len(array), partitions, ranks)
-        return cls(name, part, tuple(array.shape[1:]), array.dtype,
-                   {p: part.split(array, p).copy() for p in part.owned_by(rank)})
-
-    @classmethod
-    def from_shard(cls, shard, slots: dict[str, dict[int, object]] | None = None) -> "ServedTable":
-        """The partitions a :class:`~.sharded.ShardedVariable` holds on this rank, and their
-        optimizer ``slots`` (slot -> partition -> array), copied: the served arrays are the
-        parameters from then on; the shard's variables are not updated."""
-        return cls(shard.name, shard.partitioning, shard.row_shape, np.dtype(shard.dtype.as_numpy_dtype),
-                   {p: np.array(v) for p, v in shard.values().items()},
-                   {slot: {p: np.array(v) for p, v in parts.items()} for slot, parts in (slots or {}).items()})
-
-    def slots_of(self, p: int) -> dict[str, np.ndarray]:
-        """Partition ``p``'s slot arrays (slot -> array)."""
-        return {slot: parts[p] for slot, parts in self.slots.items()}
-
-    def state(self) -> dict[str, dict[int, np.ndarray]]:
-        """Copies of the partitions (under the variable's name) and of every slot (under
-        ``"<name>:<slot>"``), the checkpoint's keys."""
-        out = {self.name: {p: part.copy() for p, part in self.parts.items()}}
-        out.update({f"{self.name}:{slot}": {p: a.copy() for p, a in parts.items()} for slot, parts in self.slots.items()})
-        return out
-
-
-def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One entry per distinct id, its gradients summed in the order they came (ids ascending)."""
-    unique, inverse = np.unique(ids, return_inverse=True)
-    if len(unique) == len(ids):
-        order = np.argsort(ids, kind="stable")
-        return ids[order], grads[order]
-    order = np.argsort(inverse, kind="stable")
-    starts = np.searchsorted(inverse[order], np.arange(len(unique)))
-    return unique, np.add.reduceat(grads[order], starts, axis=0)
 
 
 def mpi():
@@ -273,12 +219,8 @@ class AsyncPS:
 
         comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
-        self.tables = {t.name: t for t in tables}
-        for t in tables:
-            self._check_table(t)
-            for slot in update.slots:
-                if slot not in t.slots:
-                    t.slots[slot] = {p: np.full_like(part, update.slots[slot]) for p, part in t.parts.items()}
+        self.served = ServedTables(tables, update, self.rank, self.ranks)   # read and written under _state
+        self.tables = self.served.tables
         self.traffic = {t.name: np.zeros((self.ranks, 2)) for t in tables}
         self.update = update
         self.max_staleness = max_staleness
@@ -309,15 +251,6 @@ class AsyncPS:
         self._thread = threading.Thread(target=self._serve, name=f"px-async-ps-server-{self.rank}", daemon=True)
         self._thread.start()
 
-    def _check_table(self, table: ServedTable) -> None:
-        part = table.partitioning
-        if part.ranks != self.ranks:
-            raise PlanError(f"variable {table.name!r} is partitioned over {part.ranks} ranks, "
-                            f"this job has {self.ranks}", hint="partition it with ranks = the job's size")
-        if sorted(table.parts) != part.owned_by(self.rank):
-            raise PlanError(f"rank {self.rank} was given partitions {sorted(table.parts)} of {table.name!r}, "
-                            f"it owns {part.owned_by(self.rank)}")
-
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], partitions: int, update, **kwargs) -> "AsyncPS":
         """Serve whole initial arrays (the same on every rank), each split into ``partitions``;
@@ -341,13 +274,13 @@ class AsyncPS:
         self._check_usable()
         asked: dict[str, "_Asked | None"] = {}   # None: the whole variable
         for name, ids in wanted.items():
-            table = self._table(name)
+            table = self.served.table(name)
             if ids is None:
                 asked[name] = None
                 continue
             ids = np.asarray(ids, dtype=np.int64)
             unique, inverse = np.unique(ids.reshape(-1), return_inverse=True)
-            asked[name] = _Asked(ids, unique, inverse, self._owners(table, unique))
+            asked[name] = _Asked(ids, unique, inverse, self.served.owners(table, unique))
         self.wait_turn()
         remote = {}   # owner -> the names asked of it, in order
         for name, a in asked.items():
@@ -367,11 +300,11 @@ class AsyncPS:
         with self._state:
             for name, a in asked.items():
                 if a is None:
-                    parts[name].update(self._whole(name))
+                    parts[name].update(self.served.whole(name))
                     continue
                 mine = a.owners == self.rank
                 if np.any(mine):
-                    rows[name][mine] = self._rows(name, a.unique[mine])
+                    rows[name][mine] = self.served.rows(name, a.unique[mine])
         for owner, names in remote.items():
             got = self._receive(owner, ROWS, f"the pull of {', '.join(map(repr, names))}")
             for name, part in zip(names, got):
@@ -398,15 +331,15 @@ class AsyncPS:
         self._check_usable()
         outgoing: dict[int, list] = {}   # owner -> [(name, ids, grads)]
         for name, ids, grads in pushes:
-            table = self._table(name)
+            table = self.served.table(name)
             if ids is None:
-                for owner, by_partition in self._split_whole(table, grads).items():
+                for owner, by_partition in self.served.split_whole(table, grads).items():
                     outgoing.setdefault(owner, []).append((name, None, by_partition))
                 continue
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             grads = np.asarray(grads, dtype=table.dtype).reshape((len(ids),) + table.row_shape)
             ids, grads = sum_duplicates(ids, grads)
-            owners = self._owners(table, ids)
+            owners = self.served.owners(table, ids)
             for owner in np.unique(owners).tolist():
                 mine = owners == owner
                 outgoing.setdefault(owner, []).append((name, ids[mine], grads[mine]))
@@ -414,7 +347,7 @@ class AsyncPS:
             self._await_acks()   # the previous step's, deferred by end_step (module docstring)
         if self.rank in outgoing:
             with self._state:
-                self._apply_all(self.step, outgoing.pop(self.rank))
+                self.served.apply(self.step, outgoing.pop(self.rank))
         for owner, items in outgoing.items():
             self._send((self.step, items), owner, PUSH)
             for name, ids, grads in items:
@@ -497,22 +430,7 @@ class AsyncPS:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ConfigError(f"step must be a whole number >= 0, got {step!r}")
         with self._state:
-            replaced = []
-            for table in self.tables.values():
-                for key, held in table.state().items():
-                    given = parts.get(key, {})
-                    if sorted(given) != sorted(held):
-                        raise PlanError(f"rank {self.rank} was given partitions {sorted(given)} of {key!r} to "
-                                        f"serve, it owns {sorted(held)}")
-                    for p, now in held.items():
-                        array = np.asarray(given[p], dtype=table.dtype)
-                        if array.shape != now.shape:
-                            raise PlanError(f"partition {p} of {key!r} has shape {array.shape}, rank {self.rank} "
-                                            f"serves it with shape {now.shape}")
-                        replaced.append((table, key, p, array))
-            for table, key, p, array in replaced:
-                slot = key[len(table.name) + 1:]
-                (table.slots[slot] if slot else table.parts)[p][...] = array
+            self.served.replace(parts)
             self.step = step
             self._clocks = [max(c, step) for c in self._clocks]
             self._state.notify_all()
@@ -603,26 +521,7 @@ class AsyncPS:
 
     def _final(self) -> dict[str, dict[int, np.ndarray]]:
         with self._state:
-            return self._copy_state()
-
-    def _copy_state(self) -> dict[str, dict[int, np.ndarray]]:
-        """Copies of this rank's partitions and slots of every variable (call under ``_state``):
-        ``{name: {p: array}, "name:slot": {p: array}}``."""
-        out = {}
-        for table in self.tables.values():
-            out.update(table.state())
-        return out
-
-    def _table(self, name: str) -> ServedTable:
-        if name not in self.tables:
-            raise ConfigError(f"no variable {name!r} is served asynchronously", hint=f"served: {sorted(self.tables)}")
-        return self.tables[name]
-
-    def _owners(self, table: ServedTable, ids: np.ndarray) -> np.ndarray:
-        part = table.partitioning
-        if len(ids) and (ids.min() < 0 or ids.max() >= part.rows):
-            raise ConfigError(f"row ids of {table.name!r} must be in [0, {part.rows}), got {ids.min()}..{ids.max()}")
-        return (ids % part.partitions) % self.ranks
+            return self.served.state()
 
     def _send(self, payload, rank: int, tag: int) -> None:
         self._sends.append(self._requests.isend(payload, rank, tag))
@@ -762,7 +661,7 @@ class AsyncPS:
         """Serve one request from another rank; the replies to send as (rank, tag, payload)."""
         if tag == PULL:   # [(name, ids)] -> [rows] in the same order
             with self._state:
-                rows = self._guarded(lambda: [self._whole(name) if ids is None else self._rows(name, ids)
+                rows = self._guarded(lambda: [self.served.whole(name) if ids is None else self.served.rows(name, ids)
                                               for name, ids in payload])
                 for i, (name, ids) in enumerate(payload):
                     self._count(name, source, _nbytes(rows[i]) if isinstance(rows, list) else 0, _nbytes(ids))
@@ -772,7 +671,7 @@ class AsyncPS:
             with self._state:
                 for name, ids, grads in items:
                     self._count(name, source, 0, _nbytes(ids) + _nbytes(grads))
-                return [(source, ACK, self._guarded(self._apply_all, step, items))]
+                return [(source, ACK, self._guarded(self.served.apply, step, items))]
         if tag == CLOCK:
             with self._state:
                 self._clocks[source] = max(self._clocks[source], payload)
@@ -817,7 +716,7 @@ class AsyncPS:
             del self._snapshot_asks[at]
             stop = self._snapshot_stops.pop(at)
             if self.rank in asked:
-                self._snapshots[at] = (self._copy_state(), stop)
+                self._snapshots[at] = (self.served.state(), stop)
             replies += [(r, SNAPSHOT_TAKEN, (at, stop)) for r in sorted(asked) if r != self.rank]
             self._state.notify_all()
         return replies
@@ -827,69 +726,6 @@ class AsyncPS:
             return serve(*args)
         except Exception as exc:  # noqa: BLE001 - sent back to the worker that asked, which raises it
             return exc
-
-    def _local(self, table: ServedTable, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        P = table.partitioning.partitions
-        partitions = ids % P
-        if len(ids) and not np.all(partitions % self.ranks == self.rank):   # partition p is rank p mod N's
-            raise PlanError(f"rank {self.rank} was asked for rows of {table.name!r} it does not own")
-        return partitions, ids // P
-
-    def _rows(self, name: str, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` of this rank's partitions (call under ``_state``)."""
-        table = self.tables[name]
-        partitions, local = self._local(table, ids)
-        if len(table.parts) == 1:
-            return next(iter(table.parts.values()))[local]
-        rows = np.empty((len(ids),) + table.row_shape, table.dtype)
-        for p, part in table.parts.items():
-            mine = partitions == p
-            rows[mine] = part[local[mine]]
-        return rows
-
-    def _whole(self, name: str) -> dict[int, np.ndarray]:
-        """Copies of this rank's partitions of ``name`` (call under ``_state``)."""
-        return {p: part.copy() for p, part in self.tables[name].parts.items()}
-
-    def _split_whole(self, table: ServedTable, grads) -> dict[int, dict[int, np.ndarray]]:
-        """A whole variable's gradient as owner -> partition -> its rows' gradients."""
-        part = table.partitioning
-        grads = np.asarray(grads, dtype=table.dtype)
-        if grads.shape != (part.rows,) + table.row_shape:
-            raise ConfigError(f"the gradient of {table.name!r} has shape {grads.shape}, the variable "
-                              f"{(part.rows,) + table.row_shape}")
-        out: dict[int, dict[int, np.ndarray]] = {}
-        for p in range(part.partitions):
-            out.setdefault(part.owner(p), {})[p] = part.split(grads, p)
-        return out
-
-    def _apply_all(self, step: int, items: list[tuple]) -> None:
-        """One push's update of this rank's partitions, ``(name, ids, grads)`` per variable
-        (ids None: ``grads`` maps each partition to its whole gradient; call under ``_state``),
-        by a worker that had finished ``step`` steps: every part is checked before any is
-        applied, so a refused push changes nothing."""
-        located = []
-        for name, ids, grads in items:
-            table = self._table(name)
-            if ids is None:
-                for p, grad in grads.items():
-                    if p not in table.parts or grad.shape != table.parts[p].shape:
-                        raise PlanError(f"rank {self.rank} was sent a gradient of shape {grad.shape} for partition "
-                                        f"{p} of {table.name!r}, it serves {sorted(table.parts)}")
-                located.append((table, None, None, grads))
-            else:
-                located.append((table, *self._local(table, ids), grads))
-        for table, partitions, local, grads in located:
-            if partitions is None:
-                for p, grad in grads.items():
-                    self.update(table.name, table.parts[p], slice(None), grad, table.slots_of(p), step)
-                continue
-            for p, part in table.parts.items():
-                mine = partitions == p
-                if np.any(mine):
-                    self.update(table.name, part, local[mine], grads[mine], table.slots_of(p), step)
-        return None
-
 
 class _Asked(NamedTuple):
     """One variable's rows asked for by a pull: the ids as given, their unique values, where

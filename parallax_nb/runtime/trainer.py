@@ -263,7 +263,8 @@ class Trainer:
         """This rank's asynchronous PS over its partitions of every PS variable and their slots
         (as the Keras optimizer holds them: their initial values, or a restored checkpoint's),
         applying ``rule`` (collective: every rank starts its serving thread)."""
-        from .async_ps import AsyncPS, ServedTable
+        from .async_ps import AsyncPS
+        from .served_tables import ServedTable
 
         tables = [ServedTable.from_shard(s.shard, {slot: {p: v.numpy() for p, v in parts.items()}
                                                    for slot, parts in self._keras_slots(s).items() if slot in rule.slots})
