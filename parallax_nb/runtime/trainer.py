@@ -564,7 +564,7 @@ class Trainer:
                 if not history:
                     progress.phase("run", f"tracing the training step (step {self.step + 1})")
                     self._trace(x, y, step)
-                    self._park_for_async_steps(x, y)
+                    self._park_for_async_steps()
                 self._watch("step", step)
                 record = self.run_step(x, y, stop_requested=should_stop is not None and bool(should_stop()))
                 history.append(record)
@@ -697,33 +697,31 @@ class Trainer:
         if self.asynchronous:
             self.optimizer.iterations.assign(step)
 
-    def _park_for_async_steps(self, x=None, y=None) -> None:
+    def _park_for_async_steps(self) -> None:
         """Asynchronous, several ranks: park Horovod (:func:`.context.park_horovod`) for the
         steps, which issue none of its operations; its background thread's negotiation once a
         millisecond with ranks that are never together would spin on the cores the workers
-        and the serving threads need. Given the first batch, the step is traced first, so
-        every rank starts stepping at once after the park's barrier (a rank still tracing
-        would otherwise hold up the others' first pulls). Collective."""
+        and the serving threads need. The step is traced before (:meth:`_trace`), so every
+        rank starts stepping at once after the park's barrier (a rank still tracing would
+        otherwise hold up the others' first pulls). Collective."""
         if self.server is None or self.ranks == 1:
             return
-        if x is not None and self.watchdog is None:   # _trace traced it already under a watchdog
-            with self._user_errors():
-                self._step_fn.get_concrete_function(x, y, tf.constant(0.0))
         park_horovod()
 
     def _step_timeout(self) -> float:
         return self.watchdog.step_timeout_s if self.watchdog is not None else 0.0
 
     def _trace(self, x, y, step: int) -> None:
-        """Trace the step function outside the step's deadline (tracing is slow, not hung; it
-        gets :data:`.watchdog.SLOW_LIMIT_S`), then wait for every rank to finish tracing (a
-        rank still tracing extends the wait, one that hangs elsewhere is named after the step
-        timeout), so that step 1 is timed with the user's step timeout like every other step."""
-        if self.watchdog is None:
-            return
+        """Trace the step function before the first step. With a watchdog, outside the step's
+        deadline (tracing is slow, not hung; it gets :data:`.watchdog.SLOW_LIMIT_S`), then wait
+        for every rank to finish tracing (a rank still tracing extends the wait, one that hangs
+        elsewhere is named after the step timeout), so that step 1 is timed with the user's
+        step timeout like every other step."""
         self._watch("tracing", step, SLOW_LIMIT_S)
         with self._user_errors():
             self._step_fn.get_concrete_function(x, y, tf.constant(0.0))
+        if self.watchdog is None:
+            return
         self._watch("traced", step, self.watchdog.wait_limit)
         barrier(f"traced_{step}")
         self._watch("step", step, STEP)
