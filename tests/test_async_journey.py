@@ -354,7 +354,7 @@ def test_report_says_async_and_max_staleness_and_the_measured_staleness(tmp_path
     assert data["measured"]["training"] == "asynchronous, max staleness 1"
     assert data["measured"]["staleness"]["per_rank"][0]["mean_steps_ahead"] == pytest.approx(0.5)
     assert any("trains asynchronously (asynchronous, max staleness 1): the estimated step times and bytes above "
-               "are of synchronous steps" in a for a in data["assumptions"])
+               "are of synchronous steps" in a and "once per push" in a for a in data["assumptions"])
     outlook = data["plan"]["straggler_outlook"]   # sync against async, one worker 2x slower, bound 1
     assert outlook[0].startswith("With 1 worker of 2 2x slower per step") and "max staleness 1" in outlook[-1]
     html = open(files.html).read()

@@ -233,7 +233,11 @@ def build_report_data(profile: Profile, plan: Plan, run=None, *, title: str | No
     if not plan.sync:
         data["assumptions"].append(f"The plan trains asynchronously ({describe_sync(plan.sync, plan.max_staleness)}): "
                                    "the estimated step times and bytes above are of synchronous steps; an "
-                                   "asynchronous worker does not wait for the slowest at each step.")
+                                   "asynchronous worker does not wait for the slowest at each step. The owners "
+                                   "apply the optimizer once per push, so W workers make W updates where "
+                                   "synchronous training makes one of their mean; under momentum, Adam or "
+                                   "RMSprop each push updates an owner's whole partitions, work these "
+                                   "estimates do not charge.")
         if cluster.workers > 1:
             from ..cost.asynchronous import straggler_outlook
 
