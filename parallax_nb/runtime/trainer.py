@@ -266,10 +266,15 @@ class Trainer:
         from .async_ps import AsyncPS
         from .served_tables import ServedTable
 
-        tables = [ServedTable.from_shard(s.shard, {slot: {p: v.numpy() for p, v in parts.items()}
-                                                   for slot, parts in self._keras_slots(s).items() if slot in rule.slots})
-                  for s in self.syncs if s.shard is not None]
+        tables = [ServedTable.from_shard(s.shard, self._slot_values(s, rule.slots)) for s in self.syncs
+                  if s.shard is not None]
         return AsyncPS(tables, rule, max_staleness=self.plan.max_staleness)
+
+    def _slot_values(self, sync, slots) -> dict[str, dict[int, np.ndarray]]:
+        """The values of the Keras optimizer's ``slots`` of ``sync``'s partitions on this rank:
+        slot -> partition -> array."""
+        return {slot: {p: v.numpy() for p, v in parts.items()}
+                for slot, parts in self._keras_slots(sync).items() if slot in slots}
 
     def _keras_slots(self, sync) -> dict[str, dict[int, object]]:
         """The Keras optimizer's slot variables of ``sync``'s partitions on this rank:
@@ -663,9 +668,8 @@ class Trainer:
         for s in self.syncs:
             if s.shard is not None:
                 state[s.name] = s.shard.values()
-                for slot, parts in self._keras_slots(s).items():
-                    if slot in self.server.update.slots:
-                        state[f"{s.name}:{slot}"] = {p: v.numpy() for p, v in parts.items()}
+                state.update({f"{s.name}:{slot}": parts
+                              for slot, parts in self._slot_values(s, self.server.update.slots).items()})
         self.server.load(state, self.step)
         barrier(f"async_resumed_{self.step}")
 
