@@ -62,6 +62,17 @@ def constant_gradient_job():
                batch_size=BATCH, name="constant_gradient")
 
 
+def nadam_job():
+    """The constant-gradient job with an optimizer the owners have no rule for."""
+    return constant_gradient_job().replace(optimizer=_nadam)
+
+
+def _nadam():
+    import keras
+
+    return keras.optimizers.Nadam(0.01)
+
+
 def constant_gradient_case(steps: int, partitions: int, max_staleness, slow_rank: int, slow_s: float) -> dict:
     """Asynchronous PS training of the constant-gradient model; ``slow_rank`` sleeps ``slow_s``
     after each step, so the others run ahead (as far as ``max_staleness`` lets them)."""

@@ -177,6 +177,22 @@ def test_cli_run_refuses_bad_sync_flags_before_mpirun(tmp_path, flags, message):
     assert not out.exists()
 
 
+def test_cli_run_refuses_async_with_an_optimizer_the_owners_cannot_apply_before_mpirun(tmp_path):
+    out = tmp_path / "out"
+    result = _cli("run", "async_trainer_cases:nadam_job", "--np", 2, "--steps", 2, "--output", out, "--async",
+                  "--arch", "ps")
+    assert result.returncode == 2, result.stderr
+    assert "has no owner rule for Nadam" in result.stderr and "Traceback" not in result.stderr
+    assert "SGD, Adam, AdamW, Adagrad, RMSprop" in result.stderr and "sync=True" in result.stderr
+    assert "ranks:" not in result.stderr and not out.exists()   # mpirun never started, nothing written
+    plan = tmp_path / "async.json"   # an asynchronous plan file, without --async
+    plan_for_kinds({"table/embeddings": "sparse", "bias/bias": "dense"}, "ps", model_name="constant_gradient",
+                   sync=False).to_json(str(plan))
+    result = _cli("run", "async_trainer_cases:nadam_job", "--np", 2, "--plan", plan, "--steps", 2, "--output", out)
+    assert result.returncode == 2 and "has no owner rule for Nadam" in result.stderr, result.stderr
+    assert "ranks:" not in result.stderr and not out.exists()
+
+
 def test_cli_run_refuses_async_with_a_plan_file_that_has_allreduce_variables(tmp_path):
     plan = tmp_path / "hybrid.json"
     plan_for_kinds({"table/embeddings": "sparse", "bias/bias": "dense"}, "hybrid",

@@ -124,7 +124,7 @@ def _launch(args) -> int:
 
     from ..job import load_job
 
-    if args.asynchronous:
+    if args.asynchronous or (args.plan and not _plan_file(args).sync):
         _check_async_plan(args)   # before the output folder is made: a refused run leaves nothing
     check_writable(args.output)
     load_job(args.job)  # fail here, before mpirun, on a job spec that does not name a Job
@@ -142,20 +142,28 @@ def _launch(args) -> int:
             shutil.rmtree(errors, ignore_errors=True)
 
 
+def _plan_file(args):
+    from ..plan import Plan
+
+    return Plan.from_json(args.plan)
+
+
 def _check_async_plan(args) -> None:
-    """Refuse ``--async`` for a plan with AllReduce variables: the plan file, or ``--arch``
-    applied to the job's variable kinds (AUTO follows HYBRID here; its costed choice, made on
-    the ranks, is checked there again)."""
+    """Refuse ``--async`` for a plan with AllReduce variables (the plan file, or ``--arch``
+    applied to the job's variable kinds; AUTO follows HYBRID here, its costed choice, made on
+    the ranks, is checked there again), and for an optimizer the owners have no rule for."""
     from ..job import load_job
     from ..plan import Plan, plan_for_kinds
+    from ..runtime.owner_optimizers import owner_rule
 
     job = load_job(args.job)
     if args.plan:
         apply_sync_flags(Plan.from_json(args.plan), args)
-        return
-    from ..runtime.reference import variable_kinds
+    else:
+        from ..runtime.reference import variable_kinds
 
-    apply_sync_flags(plan_for_kinds(variable_kinds(job), _architecture(args), model_name=job.name), args)
+        apply_sync_flags(plan_for_kinds(variable_kinds(job), _architecture(args), model_name=job.name), args)
+    owner_rule(job.make_optimizer())
 
 
 def _peak_memory_per_rank(profile_path: str | None) -> int | None:
