@@ -123,15 +123,13 @@ def _launch(args) -> int:
     from .output_folder import OutputLock, check_writable
 
     from ..job import load_job
+    from ..plan import Plan
 
-    if args.asynchronous or (args.plan and not _plan_file(args).sync):
-        _check_async_plan(args)   # before the output folder is made: a refused run leaves nothing
+    plan = Plan.from_json(args.plan) if args.plan else None  # fail here, before mpirun, on a bad plan file
+    if args.asynchronous or (plan is not None and not plan.sync):
+        _check_async_plan(args, plan)   # before the output folder is made: a refused run leaves nothing
     check_writable(args.output)
     load_job(args.job)  # fail here, before mpirun, on a job spec that does not name a Job
-    if args.plan:
-        from ..plan import Plan
-
-        Plan.from_json(args.plan)  # fail here, before mpirun, on a bad plan file
     if args.hostfile is None:
         check_host_resources(args.np, _peak_memory_per_rank(args.profile), force=args.force)
     with OutputLock(args.output):
@@ -142,23 +140,17 @@ def _launch(args) -> int:
             shutil.rmtree(errors, ignore_errors=True)
 
 
-def _plan_file(args):
-    from ..plan import Plan
-
-    return Plan.from_json(args.plan)
-
-
-def _check_async_plan(args) -> None:
-    """Refuse ``--async`` for a plan with AllReduce variables (the plan file, or ``--arch``
-    applied to the job's variable kinds; AUTO follows HYBRID here, its costed choice, made on
-    the ranks, is checked there again), and for an optimizer the owners have no rule for."""
+def _check_async_plan(args, plan) -> None:
+    """Refuse ``--async`` for a plan with AllReduce variables (``plan``, the plan file, or
+    ``--arch`` applied to the job's variable kinds; AUTO follows HYBRID here, its costed choice,
+    made on the ranks, is checked there again), and for an optimizer the owners have no rule for."""
     from ..job import load_job
-    from ..plan import Plan, plan_for_kinds
+    from ..plan import plan_for_kinds
     from ..runtime.owner_optimizers import owner_rule
 
     job = load_job(args.job)
-    if args.plan:
-        apply_sync_flags(Plan.from_json(args.plan), args)
+    if plan is not None:
+        apply_sync_flags(plan, args)
     else:
         from ..runtime.reference import variable_kinds
 

@@ -220,7 +220,6 @@ class AsyncPS:
         comm = MPI.COMM_WORLD if comm is None else comm
         self.rank, self.ranks = comm.Get_rank(), comm.Get_size()
         self.served = ServedTables(tables, update, self.rank, self.ranks)   # read and written under _state
-        self.tables = self.served.tables
         self.traffic = {t.name: np.zeros((self.ranks, 2)) for t in tables}
         self.update = update
         self.max_staleness = max_staleness
@@ -272,6 +271,7 @@ class AsyncPS:
         variable, sent as its partitions): one request to each owner for all of them, so a
         step that reads several variables waits for one round trip."""
         self._check_usable()
+        tables = self.served.tables
         asked: dict[str, "_Asked | None"] = {}   # None: the whole variable
         for name, ids in wanted.items():
             table = self.served.table(name)
@@ -284,7 +284,7 @@ class AsyncPS:
         self.wait_turn()
         remote = {}   # owner -> the names asked of it, in order
         for name, a in asked.items():
-            owners = self.tables[name].partitioning.owner_ranks() if a is None else np.unique(a.owners).tolist()
+            owners = tables[name].partitioning.owner_ranks() if a is None else np.unique(a.owners).tolist()
             for owner in owners:
                 if owner != self.rank:
                     remote.setdefault(owner, []).append(name)
@@ -294,7 +294,7 @@ class AsyncPS:
             self._send(request, owner, PULL)
             for name, ids in request:
                 self._count(name, owner, _nbytes(ids), 0)
-        rows = {name: np.empty((len(a.unique),) + self.tables[name].row_shape, self.tables[name].dtype)
+        rows = {name: np.empty((len(a.unique),) + tables[name].row_shape, tables[name].dtype)
                 for name, a in asked.items() if a is not None}
         parts: dict[str, dict[int, np.ndarray]] = {name: {} for name, a in asked.items() if a is None}
         with self._state:
@@ -313,8 +313,8 @@ class AsyncPS:
                     parts[name].update(part)
                 else:
                     rows[name][asked[name].owners == owner] = part
-        return {name: (self.tables[name].partitioning.assemble(parts[name]) if a is None else
-                       rows[name][a.inverse].reshape(a.ids.shape + self.tables[name].row_shape))
+        return {name: (tables[name].partitioning.assemble(parts[name]) if a is None else
+                       rows[name][a.inverse].reshape(a.ids.shape + tables[name].row_shape))
                 for name, a in asked.items()}
 
     def push(self, name: str, ids, grads) -> None:
@@ -394,9 +394,10 @@ class AsyncPS:
 
     def snapshot(self, stop: bool = False) -> dict[str, dict[int, np.ndarray]]:
         """This rank's partitions (and their optimizer slots, under ``"name:slot"``) holding
-        exactly the pushes of every worker's steps before ``self.step`` (module docstring). Collective: every worker that has not finished calls
-        it after the same number of steps (a worker that finished earlier, after fewer steps,
-        is counted with all its pushes: it has no step at or after ``self.step``).
+        exactly the pushes of every worker's steps before ``self.step`` (module docstring).
+        Collective: every worker that has not finished calls it after the same number of steps
+        (a worker that finished earlier, after fewer steps, is counted with all its pushes: it
+        has no step at or after ``self.step``).
 
         ``stop``: this worker wants to stop here; afterwards :attr:`stop_agreed` says whether
         any worker asked, the same on every worker (every owner saw every ask)."""
@@ -437,8 +438,9 @@ class AsyncPS:
 
     def close(self) -> dict[str, dict[int, np.ndarray]]:
         """Say done, serve the others until all are done, stop; return this rank's final
-        partitions and slots (every push of every worker applied; keys as :meth:`snapshot`). Raises naming the ranks that sent
-        nothing for ``timeout_s`` and never said done; the serving thread is stopped either way."""
+        partitions and slots (every push of every worker applied; keys as :meth:`snapshot`).
+        Raises naming the ranks that sent nothing for ``timeout_s`` and never said done; the
+        serving thread is stopped either way."""
         if self._closed:
             return self._final()
         self._closed = True

@@ -87,40 +87,46 @@ class ShardedClipping:
         issued: the step must depend on them, for a rank that updates nothing (it owns no
         partition) still has to join the other ranks' norm exchange, and an unused result would
         be pruned from the traced step."""
-        if self.clipnorm is not None:
-            norms = tf.sqrt(self._squared_norms(pairs))
-            factors = self.clipnorm / tf.maximum(norms, self.clipnorm)
-            return [(_scale(g, factors[self.owner[id(v)]]), v) for g, v in pairs], [norms]
-        if self.global_clipnorm is not None:
-            norm = tf.sqrt(tf.reduce_sum(self._squared_norms(pairs)))
-            c = self.global_clipnorm
-            factor = c * tf.minimum(1.0 / norm, 1.0 / c) + (norm - norm)
-            return [(_scale(g, factor), v) for g, v in pairs], [norm]
-        if self.clipvalue is not None:
-            return [(_clip_values(g, self.clipvalue), v) for g, v in pairs], []
-        return pairs, []
+        grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        if not self._clips_norms:
+            return list(zip(self._value_clipped(grads), variables)), []
+        squares = self._squared_norms(pairs)
+        clipped = self._norm_clipped(grads, [self.owner[id(v)] for v in variables], squares)
+        return list(zip(clipped, variables)), [squares]
 
     def clip_pushes(self, names: list[str], grads: list) -> list:
         """An asynchronous worker's own gradients (one per variable ``names[i]``, its rows
         unique), clipped as one device clips its step's gradient, before they are pushed: the
-        same formulas as :meth:`clip`, with the norms of this worker's gradient alone (there
-        is no collective; the owners apply what arrives)."""
-        if not self.active:
-            return grads
-        if self.clipvalue is not None and self.clipnorm is None and self.global_clipnorm is None:
-            return [tf.clip_by_value(g, -self.clipvalue, self.clipvalue) for g in grads]
+        formulas of :meth:`clip`, with the norms of this worker's gradient alone (there is no
+        collective; the owners apply what arrives)."""
+        if not self._clips_norms:
+            return self._value_clipped(grads)
+        index = [self.names.index(name) for name in names]
         squares = [tf.constant(0.0)] * len(self.names)
-        index = {name: self.names.index(name) for name in names}
-        for name, g in zip(names, grads):
-            squares[index[name]] = squares[index[name]] + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
-        squares = tf.stack(squares)
+        for i, g in zip(index, grads):
+            squares[i] = squares[i] + tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+        return self._norm_clipped(grads, index, tf.stack(squares))
+
+    @property
+    def _clips_norms(self) -> bool:
+        return self.clipnorm is not None or self.global_clipnorm is not None
+
+    def _norm_clipped(self, grads: list, index: list[int], squares: tf.Tensor) -> list:
+        """``grads`` (``index[i]``: the variable of ``grads[i]``) scaled by the module docstring's
+        clipnorm factor of their variable, else by the global_clipnorm factor; ``squares``: every
+        variable's squared norm."""
         if self.clipnorm is not None:
             factors = self.clipnorm / tf.maximum(tf.sqrt(squares), self.clipnorm)
-            return [_scale(g, factors[index[name]]) for name, g in zip(names, grads)]
+            return [_scale(g, factors[i]) for g, i in zip(grads, index)]
         norm = tf.sqrt(tf.reduce_sum(squares))
         c = self.global_clipnorm
         factor = c * tf.minimum(1.0 / norm, 1.0 / c) + (norm - norm)
         return [_scale(g, factor) for g in grads]
+
+    def _value_clipped(self, grads: list) -> list:
+        if self.clipvalue is None:
+            return grads
+        return [_clip_values(g, self.clipvalue) for g in grads]
 
     def _squared_norms(self, pairs: list[tuple]) -> tf.Tensor:
         """Squared L2 norm of every model variable's whole gradient (float32, one per variable,

@@ -210,12 +210,14 @@ def _rules():
     import keras
 
     o = keras.optimizers
+
+    def adam(opt, **kw):   # AdamW is Adam with weight decay
+        return Adam(beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon, amsgrad=opt.amsgrad, **kw)
+
     return {
         o.SGD: lambda opt, **kw: SGD(momentum=opt.momentum, nesterov=opt.nesterov, **kw),
-        o.Adam: lambda opt, **kw: Adam(beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon,
-                                       amsgrad=opt.amsgrad, **kw),
-        o.AdamW: lambda opt, **kw: Adam(beta_1=opt.beta_1, beta_2=opt.beta_2, epsilon=opt.epsilon,
-                                        amsgrad=opt.amsgrad, **kw),
+        o.Adam: adam,
+        o.AdamW: adam,
         o.Adagrad: lambda opt, **kw: Adagrad(initial_accumulator_value=opt.initial_accumulator_value,
                                              epsilon=opt.epsilon, **kw),
         o.RMSprop: lambda opt, **kw: RMSprop(rho=opt.rho, momentum=opt.momentum, epsilon=opt.epsilon,

@@ -54,16 +54,14 @@ class ServedTable:
         """Partition ``p``'s slot arrays (slot -> array)."""
         return {slot: parts[p] for slot, parts in self.slots.items()}
 
-    def state(self) -> dict[str, dict[int, np.ndarray]]:
-        """Copies of the partitions (under the variable's name) and of every slot (under
-        ``"<name>:<slot>"``)."""
-        out = {self.name: {p: part.copy() for p, part in self.parts.items()}}
-        out.update({f"{self.name}:{slot}": {p: a.copy() for p, a in parts.items()} for slot, parts in self.slots.items()})
-        return out
+    def arrays(self) -> dict[str, dict[int, np.ndarray]]:
+        """The served arrays themselves: the partitions under the variable's name, every slot's
+        under ``"<name>:<slot>"``."""
+        return {self.name: self.parts, **{f"{self.name}:{slot}": parts for slot, parts in self.slots.items()}}
 
-    def held(self, key: str) -> dict[int, np.ndarray]:
-        """The arrays a state key names: the partitions, or one slot's."""
-        return self.parts if key == self.name else self.slots[key[len(self.name) + 1:]]
+    def state(self) -> dict[str, dict[int, np.ndarray]]:
+        """Copies of :meth:`arrays`."""
+        return {key: {p: a.copy() for p, a in parts.items()} for key, parts in self.arrays().items()}
 
 
 def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,9 +85,10 @@ class ServedTables:
         self.tables = {t.name: t for t in tables}
         for t in tables:
             self._check(t)
-            for slot in update.slots:
-                if slot not in t.slots:
-                    t.slots[slot] = {p: np.full_like(part, update.slots[slot]) for p, part in t.parts.items()}
+            if any(slot not in t.slots for slot in update.slots):
+                initial = {p: update.initial_slots(part) for p, part in t.parts.items()}
+                for slot in update.slots:
+                    t.slots.setdefault(slot, {p: initial[p][slot] for p in t.parts})
 
     def _check(self, table: ServedTable) -> None:
         part = table.partitioning
@@ -186,16 +185,16 @@ class ServedTables:
         partition this rank owns, each of its shape; all checked before anything is replaced."""
         replaced = []
         for table in self.tables.values():
-            for key, held in table.state().items():
+            for key, held in table.arrays().items():
                 parts = given.get(key, {})
                 if sorted(parts) != sorted(held):
                     raise PlanError(f"rank {self.rank} was given partitions {sorted(parts)} of {key!r} to "
                                     f"serve, it owns {sorted(held)}")
-                for p, now in held.items():
+                for p, target in held.items():
                     array = np.asarray(parts[p], dtype=table.dtype)
-                    if array.shape != now.shape:
+                    if array.shape != target.shape:
                         raise PlanError(f"partition {p} of {key!r} has shape {array.shape}, rank {self.rank} "
-                                        f"serves it with shape {now.shape}")
-                    replaced.append((table.held(key)[p], array))
+                                        f"serves it with shape {target.shape}")
+                    replaced.append((target, array))
         for target, array in replaced:
             target[...] = array
