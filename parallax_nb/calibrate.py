@@ -249,11 +249,14 @@ def fits_table(calibration: Calibration) -> str:
         lines.append("Horovod idle, per machine link: not measured (no link counters to read: one host, or "
                      "real hosts without --link-interface)")
     if calibration.link_fits:
-        lines.append(f"per machine link, per call: payload x{calibration.payload_framing_factor:.3f} (median "
-                     f"over the scopes across machines) plus, by op and scope:")
+        lines.append(f"per machine link, per call, by op and scope (the payload each carries framed at its "
+                     f"own factor; x{calibration.payload_framing_factor:.3f}, the median, for payload of no call):")
         for key, fit in sorted(calibration.link_fits.items()):
+            op, _, scope = key.partition("/")
+            framing = "" if scope == "machine" else \
+                f" (payload x{fit.framing_factor(op, scope, calibration.machines, calibration.workers_per_machine):.3f})"
             lines.append(f"  {key:<18} {fit.overhead_bytes / 1e3:>7.2f} KB per call, "
-                         f"{fit.bytes_per_handed_byte:.3f} link bytes per byte handed")
+                         f"{fit.bytes_per_handed_byte:.3f} link bytes per byte handed{framing}")
     return "\n".join(lines)
 
 

@@ -584,7 +584,9 @@ class LinkBytes:
     ``calls``: ``(("op/scope", calls per step), ...)``, every call a rank issues) and
     Horovod's coordination traffic during the step (``coordination_bytes``).
     ``total_bytes`` is their sum; ``coordination`` says where the figures came from
-    ("uncalibrated: ..." without a measurement)."""
+    ("uncalibrated: ..." without a measurement). ``payload_calls``: ``(("op/scope", payload
+    bytes), ...)``, the payload by the calls that carry it across machines, each framed at its
+    own measured factor when calibrated."""
 
     payload_bytes: float
     framing_bytes: float
@@ -593,6 +595,7 @@ class LinkBytes:
     coordination: str
     call_bytes: float = 0.0
     calls: tuple = ()
+    payload_calls: tuple = ()
 
     @property
     def call_count(self) -> int:
@@ -605,7 +608,7 @@ class LinkBytes:
 
     def to_dict(self) -> dict:
         return {"payload_bytes": self.payload_bytes, "framing_bytes": self.framing_bytes,
-                "call_bytes": self.call_bytes, "calls": dict(self.calls),
+                "call_bytes": self.call_bytes, "calls": dict(self.calls), "payload_calls": dict(self.payload_calls),
                 "coordination_bytes": self.coordination_bytes, "total_bytes": self.total_bytes,
                 "step_time_s": self.step_time_s, "coordination": self.coordination}
 

@@ -319,6 +319,44 @@ def test_plain_horovod_allgathers_duplicate_rows():
     assert ests[PLAIN_HOROVOD].bytes_by_variable()["emb"] == pytest.approx(5_544_000, abs=BYTE)
 
 
+def test_link_frames_each_calls_payload_at_its_own_measured_factor():
+    """Calibrated on 4 x 2 ranks (4x2@1Gbit/s, 2026-11-26), Open MPI's allgatherv among all 8
+    ranks carried 25.46 link bytes per byte a rank handed where the direct sends' model says
+    2 G (W-G) = 24 (x1.061), the alltoall and allreduce x0.99-1.00. Plain Horovod's sparse
+    payload (allgathers among all ranks) is framed at the allgather's factor and its dense
+    allreduce at the allreduce's, not both at their median."""
+    from parallax_nb.calibration import Calibration, LinkFit
+    from parallax_nb.cost.link import predict_link_bytes
+    from parallax_nb.cost.timing import payload_by_call
+
+    fits = {"allgather/all": LinkFit(2200.0, 25.46), "allreduce/all": LinkFit(4556.0, 3.006),
+            "alltoall/all": LinkFit(6541.0, 2.974), "alltoall/cross": LinkFit(6500.0, 2.986),
+            "allreduce/cross": LinkFit(3869.0, 5.995)}
+    calibration = Calibration(4, 2, Calibration.defaults(4, 2, 1e9, 25e-6).fits, where="here", link_fits=fits)
+    assert calibration.payload_framing_factor == pytest.approx(0.9992, abs=1e-4)   # the median: what all had
+    var = VariableProfile(**{**sparse_var().__dict__, "grad_bytes_per_step": 1500 * (256 + 8),
+                             "union_rows_by_workers": (1000.0, 1900.0)})
+    prof = Profile("toy", 32, 20, 0.01, 0, (var, dense_var()))
+    cluster = ClusterSpec(machines=4, workers_per_machine=2)
+    est = compare_architectures(prof, cluster, include_horovod=True, calibration=calibration)[PLAIN_HOROVOD]
+    shares = dict(est.link.payload_calls)
+    sparse, dense = est.bytes_by_variable()["emb"], est.bytes_by_variable()["dense/kernel"]
+    assert shares == pytest.approx({"allgather/all": sparse, "allreduce/all": dense})
+    assert est.link.framing_bytes == pytest.approx(sparse * (25.46 / 24 - 1) + dense * (3.006 / 3 - 1))
+    assert "framing x1.06" in est.link.coordination
+    # HYBRID with local aggregation: the PS rows cross in the alltoalls among one local index
+    # of every machine, the dense gradient in the allreduce; nothing in the calls inside a machine
+    hybrid = compare_architectures(prof, cluster, calibration=calibration)["hybrid"]
+    split = payload_by_call([v.cost_of(m) for v, m in zip(hybrid.variables, hybrid.methods)], cluster)
+    assert set(split) == {"alltoall/cross", "allreduce/all"} and not any(k.endswith("/machine") for k in split)
+    assert sum(split.values()) == pytest.approx(hybrid.bytes_per_machine_per_step)
+    # one machine: nothing crosses; a share that is not a number of bytes is refused by name
+    assert payload_by_call([v.cost_of(m) for v, m in zip(hybrid.variables, hybrid.methods)],
+                           ClusterSpec(machines=1, workers_per_machine=4)) == {}
+    with pytest.raises(ConfigError, match="the payload of 'allgather/all' must be a finite number of bytes >= 0, got nan"):
+        predict_link_bytes(1000.0, 0.1, calibration, payload_calls={"allgather/all": float("nan")})
+
+
 def test_assumptions_are_published_in_words():
     from parallax_nb.cost import ASSUMPTIONS
 

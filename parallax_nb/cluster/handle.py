@@ -324,7 +324,9 @@ class Run:
         the run's, so the comparison tests the bytes, not the time model); None without a
         prediction or on one machine. With a calibration that measured its link per call
         (``px.calibrate(cluster=...)``), the framing and every call of the step are priced as
-        measured; the calls are those of the executed plan's estimate (:meth:`_executed_estimate`)."""
+        measured; the calls, and the split of the payload by the calls that carry it (each
+        framed at its own measured factor), are those of the executed plan's estimate
+        (:meth:`_executed_estimate`)."""
         predicted = self.predicted_bytes_by_variable()
         machines = self.machines
         if not predicted or not machines:
@@ -332,9 +334,14 @@ class Run:
         from ..cost.link import predict_link_bytes
 
         executed = self._executed_estimate()
-        calls = dict(executed.link.calls) if executed is not None and executed.link is not None else None
-        return predict_link_bytes(sum(predicted.values()) * machines[1], self.measured_step_time_s() or 0.0,
-                                  self.calibration, calls=calls)
+        payload = sum(predicted.values()) * machines[1]
+        calls = shares = None
+        if executed is not None and executed.link is not None:
+            calls = dict(executed.link.calls)
+            whole = executed.link.payload_bytes   # its split by call, scaled to this run's payload
+            shares = {k: v * payload / whole for k, v in executed.link.payload_calls} if whole > 0 else None
+        return predict_link_bytes(payload, self.measured_step_time_s() or 0.0, self.calibration,
+                                  calls=calls, payload_calls=shares)
 
     def _executed_topology(self):
         """(the executed plan, the ClusterSpec it ran on: the ranks' machines, the emulated

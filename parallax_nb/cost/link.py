@@ -34,13 +34,18 @@ So, per machine per step (bytes received + sent; seconds)::
 ``px.calibrate`` read each machine's link counters around its timed calls), the measured
 figures replace the assumed ones::
 
-    link_bytes = payload_bytes * payload_framing_factor
+    link_bytes = sum over op/scope of payload_bytes[op/scope] * framing_factor[op/scope]
                + sum over the step's calls of the call's measured overhead_bytes
                + step_coordination_bytes_per_s * step_time_s
 
-``payload_framing_factor`` is the measured link bytes per payload byte (on the emulated
-network's veth links, whose counters see segmentation-offloaded super-frames, 1.00, not
-1.0684); a call's ``overhead_bytes`` (:class:`~parallax_nb.calibration.LinkFit`) is what the link
+``payload_bytes[op/scope]`` is the payload the calls of one op and scope carry across machines
+(:func:`.timing.payload_by_call`); ``framing_factor[op/scope]`` the link bytes that op and scope
+measured per byte the model says crosses (:meth:`~parallax_nb.calibration.LinkFit.framing_factor`):
+on the emulated network's veth links, whose counters see segmentation-offloaded super-frames,
+1.00 for alltoall and allreduce, not 1.0684; 1.06 for Open MPI's allgatherv among 8 ranks on
+4 machines, whose algorithm sends some slices over a link more than once (the model counts
+direct sends; on 2 x 2 ranks it measured 0.98). Payload no call names (asynchronous
+point-to-point traffic) takes the median factor over the scopes. A call's ``overhead_bytes`` (:class:`~parallax_nb.calibration.LinkFit`) is what the link
 carried per call besides its payload: the headers and ACKs of its messages and Horovod's
 negotiation while it runs (measured on 2 x 2 ranks at 1 Gbit/s, Horovod's 1 ms cycle: about
 2.4 KB per alltoall across machines; 0.8 KB per call inside a machine, where no payload
@@ -85,7 +90,7 @@ def framing_factor(segment_bytes: int = TCP_SEGMENT_BYTES, header_bytes: int = F
 
 
 def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibration=None,
-                       calls: dict | None = None) -> LinkBytes:
+                       calls: dict | None = None, payload_calls: dict | None = None) -> LinkBytes:
     """What one machine's link carries per step, received + sent (module docstring).
 
     ``payload_bytes_per_step``: the cost model's bytes per machine per step
@@ -93,7 +98,9 @@ def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibr
     ``calibration``: a :class:`~parallax_nb.calibration.Calibration` whose
     ``step_coordination_bytes_per_s`` is charged and whose link fits, when it has them, price
     the framing and the ``calls`` (``{"op/scope": calls per step}``), or None (no
-    coordination, "uncalibrated").
+    coordination, "uncalibrated"). ``payload_calls`` (``{"op/scope": payload bytes}``, at
+    most the payload; :func:`.timing.payload_by_call`) frames each call's payload at its own
+    op and scope's measured factor; the rest at the median factor.
     """
     for name, value in (("payload_bytes_per_step", payload_bytes_per_step), ("step_time_s", step_time_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -110,17 +117,41 @@ def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibr
         source = "uncalibrated defaults: Horovod's coordination not counted (0 B/s)"
     else:
         source = f"coordination {rate / 1e3:.0f} KB/s, {calibration.label}"
+    for key, value in (payload_calls or {}).items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"predict_link_bytes: the payload of {key!r} must be a finite number of bytes >= 0, "
+                              f"got {value!r}")
+    shares = tuple(sorted((str(k), float(v)) for k, v in (payload_calls or {}).items() if v > 0))
     if factor is None:
-        factor = framing_factor()
+        framing = payload * (framing_factor() - 1.0)
     else:
-        factor = max(1.0, factor)   # below 1 is the counters' noise: a link carries at least the payload
+        framing = _measured_framing(payload, shares, max(1.0, factor), calibration)
         for key, n in calls:
             op, _, scope = key.partition("/")
             fit = calibration.link_fit(op, scope)
             if fit is not None:
                 call_bytes += n * fit.overhead_bytes
                 count += n
-        source = f"framing x{factor:.3f} and {count} calls' overhead as measured; " + source
-    return LinkBytes(payload_bytes=payload, framing_bytes=payload * (factor - 1.0),
+        overall = 1.0 + framing / payload if payload > 0 else max(1.0, factor)
+        source = f"framing x{overall:.3f} and {count} calls' overhead as measured; " + source
+    return LinkBytes(payload_bytes=payload, framing_bytes=framing,
                      coordination_bytes=rate * float(step_time_s), step_time_s=float(step_time_s),
-                     coordination=source, call_bytes=call_bytes, calls=calls)
+                     coordination=source, call_bytes=call_bytes, calls=calls, payload_calls=shares)
+
+
+def _measured_framing(payload: float, shares: tuple, median_factor: float, calibration) -> float:
+    """Framing bytes of ``payload`` under a calibration's link fits: each ``(op/scope, bytes)``
+    share at its fit's own factor (e.g. Open MPI's allgatherv among 8 ranks on 4 machines
+    carried 1.06 x the direct sends' bytes, where alltoall and allreduce carried 1.00), the
+    payload no share names at ``median_factor``. A factor below 1 is the counters' noise: a
+    link carries at least the payload."""
+    framing, named = 0.0, 0.0
+    for key, part in shares:
+        op, _, scope = key.partition("/")
+        fit = calibration.link_fit(op, scope)
+        if fit is None:
+            continue
+        factor = fit.framing_factor(op, scope, calibration.machines, calibration.workers_per_machine)
+        framing += part * (max(1.0, factor) - 1.0)
+        named += part
+    return framing + max(0.0, payload - named) * (median_factor - 1.0)

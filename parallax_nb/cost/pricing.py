@@ -14,7 +14,8 @@ from .choice import choose_method
 from .methods import variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import CallTime, calibration_for, call_time, calls_by_scope, compute_time_s, step_communication
+from .timing import (CallTime, calibration_for, call_time, calls_by_scope, compute_time_s, payload_by_call,
+                     step_communication)
 
 _PRICINGS: dict = {}
 _PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
@@ -121,7 +122,8 @@ class Pricing:
         compute = self.compute_time_s
         step = compute + comm.comm_time_s
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
-                                  calls=calls_by_scope(charged_costs, cluster.workers))
+                                  calls=calls_by_scope(charged_costs, cluster.workers),
+                                  payload_calls=payload_by_call(charged_costs, cluster))
         return Estimate(
             architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
             index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,

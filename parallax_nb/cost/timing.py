@@ -125,6 +125,31 @@ def fused_seconds_per_byte(calibration: Calibration) -> float:
     return 8.0 / calibration.fit("allreduce", "all").bandwidth_bps
 
 
+def payload_by_call(costs: Sequence[MethodCost], cluster: ClusterSpec) -> dict:
+    """``{"op/scope": payload bytes per machine per step}``: each charged cost's bytes split
+    over its calls that cross machines (any scope but "machine") in proportion to what they put
+    on a machine's link (handed bytes x :func:`~parallax_nb.calibration.link_factor`), equally
+    by calls where the sizes are unknown. A cost with no such call (one machine, point-to-point
+    asynchronous pulls and pushes) is left out."""
+    from ..calibration import link_factor
+
+    out: dict = {}
+    if cluster.machines == 1:
+        return out
+    for cost in costs:
+        crossing = [c for c in cost.collectives if c.participants != "machine" and c.count > 0]
+        if cost.bytes_per_step <= 0 or not crossing:
+            continue
+        weights = [c.handed_bytes * link_factor(c.op, c.participants, cluster.machines, cluster.workers_per_machine)
+                   for c in crossing]
+        if sum(weights) <= 0:
+            weights = [float(c.count) for c in crossing]
+        for c, w in zip(crossing, weights):
+            key = f"{c.op}/{c.participants}"
+            out[key] = out.get(key, 0.0) + cost.bytes_per_step * w / sum(weights)
+    return out
+
+
 def calls_by_scope(costs: Sequence[MethodCost], ranks: int) -> dict:
     """``{"op/scope": calls per step}`` of the charged costs, as :func:`step_communication`
     counts them: the dense AR gradients' allreduces as one fused "allreduce/all" call; {} on

@@ -132,6 +132,9 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
 
         for i in range(hierarchy.G):
             remove_process_set(hierarchy.peers_of(i))
+        # a rank that returns may shut Horovod down while another still waits for its removal
+        # to be confirmed (seen once: "Horovod is shutting down" from remove_process_set)
+        barrier("calibrate_sets_removed")
     return out
 
 
