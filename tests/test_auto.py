@@ -161,6 +161,19 @@ def test_a_calibration_prices_every_estimate_and_its_compute():
     assert default.calibration == "uncalibrated (defaults)" and default.compute_time_s == prof.step_time_s
     assert all(e.calibration == est.calibration
                for e in compare_architectures(prof, cluster, include_horovod=True, calibration=cal).values())
+    assert "compute" not in est.calibration   # measured under the placement: nothing to add
+    # a calibration taken without the job: the collectives are priced as measured, the compute
+    # is the one-device profile's, and the estimate says so (ranks sharing cores exceed it)
+    unmeasured = estimate(prof, make_plan(prof, cluster, "hybrid"), calibration=calibration_2x2())
+    assert unmeasured.compute_time_s == prof.step_time_s
+    assert unmeasured.calibration.startswith("calibrated on emulated 2x2@1Gbit/s")
+    assert unmeasured.calibration.endswith("; compute: one-device profile, not measured on these ranks")
+    # the planner says it under its cards, once, not in the step time's card
+    from parallax_nb.widgets.planner_view import render_summary
+
+    summary = render_summary(make_planner(prof, machines=2, workers_per_machine=2, calibration=calibration_2x2()))
+    assert summary.count("compute: one-device profile, not measured on these ranks") == 1
+    assert 'class="parallax-time-basis">Times: calibrated on emulated 2x2@1Gbit/s' in summary
 
 
 def test_a_calibration_changes_what_auto_chooses():

@@ -15,7 +15,7 @@ from .methods import variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
 from .timing import (CallTime, calibration_for, call_time, calls_by_scope, compute_time_s, payload_by_call,
-                     step_communication)
+                     step_communication, time_basis)
 
 _PRICINGS: dict = {}
 _PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
@@ -132,7 +132,7 @@ class Pricing:
             compute_time_s=compute, transfer_time_s=comm.transfer_time_s, latency_time_s=comm.latency_time_s,
             comm_time_s=comm.comm_time_s, step_time_s=step,
             examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
-            variables=tuple(costs), methods=tuple(methods), calibration=self.calibration.label,
+            variables=tuple(costs), methods=tuple(methods), calibration=time_basis(profile, self.calibration),
             collective_calls_per_step=comm.calls, link=link,
             explanations=tuple(explanations),
         )

@@ -58,6 +58,15 @@ def compute_time_s(profile: Profile, calibration: Calibration) -> float:
     return profile.step_time_s if measured is None else measured
 
 
+def time_basis(profile: Profile, calibration: Calibration) -> str:
+    """What an estimate's time figures rest on: the calibration's label, and where a measured
+    calibration holds no compute for ``profile``'s model (taken without the job), that the
+    compute is the one-device profile's step, which ranks sharing cores or a device exceed."""
+    if calibration.measured and calibration.compute_for(profile.model_name) is None:
+        return f"{calibration.label}; compute: one-device profile, not measured on these ranks"
+    return calibration.label
+
+
 class CallTime(NamedTuple):
     """One variable's calls under one charged cost: ``time_s`` of its own calls (``latency_s``
     of it per-call latency), ``calls`` of them, and ``fused_bytes`` it adds to the step's one
