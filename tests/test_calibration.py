@@ -34,6 +34,12 @@ def test_round_trip_through_json(tmp_path):
     assert back.link_fits == cal.link_fits and back.link_fit("alltoall", "cross").overhead_bytes == 2400.0
     assert back.link_fit("alltoall", "machine").points == () and back.link_fit("allgather") is None
     assert back.payload_framing_factor == pytest.approx(1.01)   # 2.02 / (2 x 1 byte crossing per byte handed)
+    # the printed table gives each scope across machines its own payload factor, none inside one
+    from parallax_nb.calibrate import fits_table
+
+    lines = {line.split()[0]: line for line in fits_table(back).splitlines() if line.startswith("  ")}
+    assert lines["alltoall/cross"].endswith("link bytes per byte handed (payload x1.010)"), lines
+    assert lines["alltoall/machine"].endswith("link bytes per byte handed"), lines
 
 
 def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults():

@@ -353,6 +353,11 @@ def test_link_frames_each_calls_payload_at_its_own_measured_factor():
     # one machine: nothing crosses; a share that is not a number of bytes is refused by name
     assert payload_by_call([v.cost_of(m) for v, m in zip(hybrid.variables, hybrid.methods)],
                            ClusterSpec(machines=1, workers_per_machine=4)) == {}
+    # a scope the calibration did not measure is framed by the "all" fit it falls back to, at
+    # that scope's own bytes per handed byte (allgather among all 4 ranks: 2 G (W-G) = 8 on 2 x 2)
+    only_all = Calibration(2, 2, where="here", link_fits={"allgather/all": LinkFit(0.0, 8.4)})
+    assert predict_link_bytes(1000.0, 0.1, only_all, payload_calls={"allgather/cross": 1000.0}
+                              ).framing_bytes == pytest.approx(50.0)
     with pytest.raises(ConfigError, match="the payload of 'allgather/all' must be a finite number of bytes >= 0, got nan"):
         predict_link_bytes(1000.0, 0.1, calibration, payload_calls={"allgather/all": float("nan")})
 

@@ -148,10 +148,11 @@ def _measured_framing(payload: float, shares: tuple, median_factor: float, calib
     framing, named = 0.0, 0.0
     for key, part in shares:
         op, _, scope = key.partition("/")
-        fit = calibration.link_fit(op, scope)
+        measured = scope if f"{op}/{scope}" in calibration.link_fits else "all"   # link_fit's fallback
+        fit = calibration.link_fits.get(f"{op}/{measured}")
         if fit is None:
             continue
-        factor = fit.framing_factor(op, scope, calibration.machines, calibration.workers_per_machine)
+        factor = fit.framing_factor(op, measured, calibration.machines, calibration.workers_per_machine)
         framing += part * (max(1.0, factor) - 1.0)
         named += part
     return framing + max(0.0, payload - named) * (median_factor - 1.0)
