@@ -44,20 +44,20 @@ measured per byte the model says crosses (:meth:`~parallax_nb.calibration.LinkFi
 on the emulated network's veth links, whose counters see segmentation-offloaded super-frames,
 1.00 for alltoall and allreduce, not 1.0684; 1.06 for Open MPI's allgatherv among 8 ranks on
 4 machines, whose algorithm sends some slices over a link more than once (the model counts
-direct sends; on 2 x 2 ranks it measured 0.98). Payload no call names (asynchronous
-point-to-point traffic) takes the median factor over the scopes. A call's ``overhead_bytes`` (:class:`~parallax_nb.calibration.LinkFit`) is what the link
-carried per call besides its payload: the headers and ACKs of its messages and Horovod's
-negotiation while it runs (measured on 2 x 2 ranks at 1 Gbit/s, Horovod's 1 ms cycle: about
-2.4 KB per alltoall across machines; 0.8 KB per call inside a machine, where no payload
-crosses: Horovod's negotiation during its ~1 ms). On payload alone a recommender's many short calls were
-predicted 8-18 % low. Counted, they scattered from -11 % to +6 % (9 cluster starts, 2 x 2
-ranks at 1 Gbit/s) while the overhead was read around chains of 3 calls: a call's bytes rise
-with its duration at about the idle loop's rate, and the first call of a chain waits for the
-loop's next cycle. Read around chains of 12 (:mod:`parallax_nb.runtime.calibrate`), they come
-out at -2.1 % to +2.5 % (14 runs, 2026-11-25), against a run's own 152-160 KB per step.
-``calls`` names every call
-a rank issues per step by op and scope (``{"alltoall/cross": 6, ...}``, the runtime's own
-listing, :mod:`.timing`), inside a machine too.
+direct sends; on 2 x 2 ranks it measured 0.93-1.00). Payload no call names (asynchronous
+point-to-point traffic) takes the median factor over the scopes. A call's ``overhead_bytes``
+(:class:`~parallax_nb.calibration.LinkFit`) is what the link carried per call besides its
+payload: the headers and ACKs of its messages and Horovod's negotiation while it runs
+(measured on 2 x 2 ranks at 1 Gbit/s, Horovod's 1 ms cycle: about 2.4 KB per alltoall across
+machines; 0.8 KB per call inside a machine, where no payload crosses: Horovod's negotiation
+during its ~1 ms). On payload alone a recommender's many short calls were predicted 8-18 %
+low. Counted, they scattered from -11 % to +6 % (9 cluster starts, 2 x 2 ranks at 1 Gbit/s)
+while the overhead was read around chains of 3 calls: a call's bytes rise with its duration
+at about the idle loop's rate, and the first call of a chain waits for the loop's next cycle.
+Read around chains of 12 (:mod:`parallax_nb.runtime.calibrate`), they come out at -2.1 % to
++2.5 % (14 runs, 2026-11-25), against a run's own 152-160 KB per step. ``calls`` names every
+call a rank issues per step by op and scope (``{"alltoall/cross": 6, ...}``, the runtime's
+own listing, :mod:`.timing`), inside a machine too.
 
 Pure Python.
 """
