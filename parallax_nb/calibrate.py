@@ -253,8 +253,7 @@ def fits_table(calibration: Calibration) -> str:
                      f"own factor; x{calibration.payload_framing_factor:.3f}, the median, for payload of no call):")
         for key, fit in sorted(calibration.link_fits.items()):
             op, _, scope = key.partition("/")
-            framing = "" if scope == "machine" else \
-                f" (payload x{fit.framing_factor(op, scope, calibration.machines, calibration.workers_per_machine):.3f})"
+            framing = "" if scope == "machine" else f" (payload x{calibration.link_framing(op, scope):.3f})"
             lines.append(f"  {key:<18} {fit.overhead_bytes / 1e3:>7.2f} KB per call, "
                          f"{fit.bytes_per_handed_byte:.3f} link bytes per byte handed{framing}")
     return "\n".join(lines)

@@ -279,6 +279,16 @@ class Calibration:
         """The link fit of ``op`` in ``scope`` (a scope not measured falls back to "all"), or None."""
         return self.link_fits.get(f"{op}/{scope}") or self.link_fits.get(f"{op}/all")
 
+    def link_framing(self, op: str, scope: str = "all") -> float | None:
+        """Link bytes per payload byte of ``op`` in ``scope``, measured: the
+        :meth:`LinkFit.framing_factor` of the fit :meth:`link_fit` falls back to, taken at that
+        fit's own scope; None without one."""
+        for measured in (scope, "all"):
+            fit = self.link_fits.get(f"{op}/{measured}")
+            if fit is not None:
+                return fit.framing_factor(op, measured, self.machines, self.workers_per_machine)
+        return None
+
     @property
     def payload_framing_factor(self) -> float | None:
         """Link bytes per payload byte that crosses a machine's link, measured: the median of

@@ -103,7 +103,7 @@ def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibr
     op and scope's measured factor; the rest at the median factor.
     """
     for name, value in (("payload_bytes_per_step", payload_bytes_per_step), ("step_time_s", step_time_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if not _finite_at_least_0(value):
             raise ConfigError(f"predict_link_bytes: {name} must be a finite number >= 0, got {value!r}",
                               hint="pass the estimate's bytes per machine per step and a step time in seconds")
     payload = float(payload_bytes_per_step)
@@ -118,7 +118,7 @@ def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibr
     else:
         source = f"coordination {rate / 1e3:.0f} KB/s, {calibration.label}"
     for key, value in (payload_calls or {}).items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        if not _finite_at_least_0(value):
             raise ConfigError(f"predict_link_bytes: the payload of {key!r} must be a finite number of bytes >= 0, "
                               f"got {value!r}")
     shares = tuple(sorted((str(k), float(v)) for k, v in (payload_calls or {}).items() if v > 0))
@@ -139,6 +139,10 @@ def predict_link_bytes(payload_bytes_per_step: float, step_time_s: float, calibr
                      coordination=source, call_bytes=call_bytes, calls=calls, payload_calls=shares)
 
 
+def _finite_at_least_0(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
 def _measured_framing(payload: float, shares: tuple, median_factor: float, calibration) -> float:
     """Framing bytes of ``payload`` under a calibration's link fits: each ``(op/scope, bytes)``
     share at its fit's own factor (e.g. Open MPI's allgatherv among 8 ranks on 4 machines
@@ -148,11 +152,8 @@ def _measured_framing(payload: float, shares: tuple, median_factor: float, calib
     framing, named = 0.0, 0.0
     for key, part in shares:
         op, _, scope = key.partition("/")
-        measured = scope if f"{op}/{scope}" in calibration.link_fits else "all"   # link_fit's fallback
-        fit = calibration.link_fits.get(f"{op}/{measured}")
-        if fit is None:
-            continue
-        factor = fit.framing_factor(op, measured, calibration.machines, calibration.workers_per_machine)
-        framing += part * (max(1.0, factor) - 1.0)
-        named += part
+        factor = calibration.link_framing(op, scope)
+        if factor is not None:
+            framing += part * (max(1.0, factor) - 1.0)
+            named += part
     return framing + max(0.0, payload - named) * (median_factor - 1.0)

@@ -153,9 +153,10 @@ def payload_by_call(costs: Sequence[MethodCost], cluster: ClusterSpec) -> dict:
                    for c in crossing]
         if sum(weights) <= 0:
             weights = [float(c.count) for c in crossing]
+        per_weight = cost.bytes_per_step / sum(weights)
         for c, w in zip(crossing, weights):
             key = f"{c.op}/{c.participants}"
-            out[key] = out.get(key, 0.0) + cost.bytes_per_step * w / sum(weights)
+            out[key] = out.get(key, 0.0) + w * per_weight
     return out
 
 
