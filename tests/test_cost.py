@@ -425,3 +425,39 @@ def test_an_estimate_lists_every_call_a_rank_issues_per_step_for_the_link():
     assert sum(calls.values()) == two_level.collective_calls_per_step
     alone = estimate(prof, make_plan(prof, ClusterSpec.create(machines=1), "hybrid"))
     assert alone.link.calls == () and alone.collective_calls_per_step == 0
+
+
+def test_pricing_totals_equal_the_sums_over_the_variables_to_the_bit():
+    """A total picks each variable's entry from its key's column and sums in profile order:
+    for mixed methods on two-level and flat clusters, every figure equals the definition
+    summed one charged cost at a time (``step_communication``, ``calls_by_scope``,
+    ``payload_by_call``), exactly, and asking again gives the same Estimate back."""
+    from parallax_nb.cost.link import predict_link_bytes
+    from parallax_nb.cost.pricing import Pricing
+    from parallax_nb.cost.timing import calls_by_scope, payload_by_call, step_communication
+    from parallax_nb.types import BASELINE_KEYS
+
+    variables = [sparse_var("emb_a", alpha=0.02, unions=[2000, 3700]), dense_var("d1", (64, 32)),
+                 sparse_var("emb_b", rows=5000, width=16, alpha=0.3, unions=[1500, 2600]), dense_var("d2", (64, 32)),
+                 dense_var("d3", (8, 8))]
+    prof = Profile("mixed", 32, 20, 0.01, 0, tuple(variables))
+    for cluster in (ClusterSpec(machines=3, workers_per_machine=2), ClusterSpec(machines=4, workers_per_machine=1),
+                    ClusterSpec(machines=2, workers_per_machine=2, local_aggregation=False)):
+        priced = Pricing(prof, cluster)
+        mixes = [[Method.PS, Method.AR, Method.AR, Method.PS, Method.AR], [Method.AR] * 5, [Method.PS] * 5]
+        for label, methods in [("hybrid", m) for m in mixes] + [(key, [Method.AR] * 5) for key in BASELINE_KEYS]:
+            est = priced.total(label, methods)
+            keys = priced.charged_keys(label, methods)
+            charged = [c.cost_of(k) for c, k in zip(priced.costs, keys)]
+            comm = step_communication([priced.times(k)[i] for i, k in enumerate(keys)], priced.calibration)
+            assert (est.comm_time_s, est.latency_time_s, est.collective_calls_per_step) == \
+                (comm.comm_time_s, comm.latency_time_s, comm.calls), (cluster, label, methods)
+            total = 0.0
+            for c in charged:
+                total += c.bytes_per_step
+            assert est.bytes_per_machine_per_step == total
+            link = predict_link_bytes(total, est.step_time_s, None, calls=calls_by_scope(charged, cluster.workers),
+                                      payload_calls=payload_by_call(charged, cluster))
+            assert (est.link.calls, est.link.payload_calls) == (link.calls, link.payload_calls), (cluster, label)
+            assert est.link.calls and (est.link.payload_calls or cluster.machines == 1)
+            assert priced.total(label, methods) is est

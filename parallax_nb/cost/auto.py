@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile
-from .choice import choose_method
 from .pricing import pricing
 from .timing import fused_seconds_per_byte, step_communication
 
@@ -117,7 +116,7 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
         explanations.append(f"local aggregation {'on' if on else 'off'}: one rank per machine, nothing to combine")
     taken = None
     for architecture in (Architecture.AR, Architecture.PS, Architecture.HYBRID):
-        whole = [choose_method(c.kind, architecture) for c in priced.costs]
+        whole = priced.methods_of(architecture)
         if whole == list(methods):
             continue
         whole_comm = _comm(priced, whole)

@@ -3,10 +3,18 @@ variable's costs under every method and baseline (:mod:`.methods`), and the time
 they issue under the calibration (:mod:`.timing`). The plan's estimate, the whole-model ones
 and AUTO's search all read one :class:`Pricing`, which :func:`pricing` keeps while the same
 inputs come back (a 1,000-variable replan stays within milliseconds).
+
+A step's totals are sums over the variables of what each one's charged cost adds. Per cost
+key those additions are kept as arrays in profile order (:class:`_Column`), and a total picks
+each variable's entry from its key's column and sums them in profile order: the same
+additions in the same order as a loop over the variables, without rebuilding them for every
+plan a planner or AUTO prices.
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+import numpy as np
 
 from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost)
@@ -14,8 +22,8 @@ from .choice import choose_method
 from .methods import variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import (CallTime, calibration_for, call_time, calls_by_scope, compute_time_s, payload_by_call,
-                     step_communication, time_basis)
+from .timing import (CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
+                     rides_fused_allreduce, time_basis, with_fused_call)
 
 _PRICINGS: dict = {}
 _PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
@@ -69,6 +77,12 @@ class Pricing:
         self.costs = list(costs) if costs is not None else variable_costs(profile, cluster)
         self.compute_time_s = compute_time_s(profile, self.calibration)
         self._times: dict[str, list[CallTime]] = {}
+        self._columns: dict[str, _Column] = {}
+        self._cost_parts: dict[int, tuple] = {}
+        self._architectures: dict[Architecture, Estimate] = {}
+        self._methods: dict[Architecture, list[Method]] = {}
+        self._totals: dict[tuple, Estimate] = {}
+        self._sparse = np.array([c.kind is Kind.SPARSE for c in self.costs], bool)
 
     def times(self, key: str) -> list[CallTime]:
         """Per variable, the call time of its cost under ``key`` (a Method value or baseline key)."""
@@ -88,42 +102,56 @@ class Pricing:
     def charged_keys(self, label: str, methods: Sequence[Method]) -> list[str]:
         return [label] * len(self.costs) if label in BASELINE_KEYS else [m.value for m in methods]
 
+    def column(self, key: str) -> "_Column":
+        """What each variable adds to a step's totals when charged ``key``'s cost."""
+        if key not in self._columns:
+            self._columns[key] = _Column([c.cost_of(key) for c in self.costs], self.times(key), self._parts)
+        return self._columns[key]
+
+    def _parts(self, cost) -> tuple:
+        """(rides the fused allreduce, own calls, payload shares) of one charged cost, once per
+        entry (dense variables of one size share theirs)."""
+        made = self._cost_parts.get(id(cost))
+        if made is None:
+            shares = payload_shares(cost, self.cluster) if self.cluster.machines > 1 else []
+            made = self._cost_parts[id(cost)] = (rides_fused_allreduce(cost), own_calls(cost), shares)
+        return made
+
     def total(self, label: str, methods: Sequence[Method], explanations: tuple[str, ...] = ()) -> Estimate:
         """Sum the charged costs' bytes and rounds and the calls' time (module docstring).
 
         A baseline ``label`` (:data:`BASELINE_KEYS`) charges every variable that baseline's cost;
         otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`.
+        The same label, methods and explanations give the same (frozen) Estimate back.
         """
-        profile, cluster, costs = self.profile, self.cluster, self.costs
         keys = self.charged_keys(label, methods)
-        total = index = sparse = dense = 0.0
-        by_method: dict[str, float] = {}
-        messages = 0
-        fused_allreduce = False
-        times, charged_costs = [], []
-        for i, (cost, key) in enumerate(zip(costs, keys)):
-            charged = cost.cost_of(key)
-            charged_costs.append(charged)
-            total += charged.bytes_per_step
-            index += charged.index_bytes_per_step
-            by_method[key] = by_method.get(key, 0.0) + charged.bytes_per_step
-            if charged.fused_allreduce:
-                fused_allreduce = True
-            else:
-                messages += charged.messages_per_step
-            if cost.kind is Kind.SPARSE:
-                sparse += charged.bytes_per_step
-            else:
-                dense += charged.bytes_per_step
-            times.append(self.times(key)[i])
+        memo = (label, tuple(keys), tuple(explanations))
+        made = self._totals.get(memo)
+        if made is None:
+            made = self._totals[memo] = self._total(label, methods, keys, explanations)
+        return made
+
+    def _total(self, label, methods, keys, explanations) -> Estimate:
+        profile, cluster, costs = self.profile, self.cluster, self.costs
+        picked = _Picked(self, keys)
+        bytes_ = picked.values("bytes")
+        total = sum(bytes_.tolist())
+        index = sum(picked.values("index").tolist())
+        sparse = sum(np.where(self._sparse, bytes_, 0.0).tolist())
+        dense = sum(np.where(self._sparse, 0.0, bytes_).tolist())
+        by_method = {key: sum(self.column(key).bytes[at].tolist()) for key, at in picked.groups.items()}
+        fused_allreduce = bool(picked.values("fused", bool).any())
+        messages = int(picked.values("messages", np.int64).sum())
         if fused_allreduce and cluster.machines > 1:
             messages += rounds("allreduce", participants(cluster)[0])
-        comm = step_communication(times, self.calibration)
+        comm = with_fused_call(sum(picked.values("time").tolist()), sum(picked.values("latency").tolist()),
+                               int(picked.values("calls", np.int64).sum()), sum(picked.values("fused_bytes").tolist()),
+                               self.calibration)
         compute = self.compute_time_s
         step = compute + comm.comm_time_s
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
-                                  calls=calls_by_scope(charged_costs, cluster.workers),
-                                  payload_calls=payload_by_call(charged_costs, cluster))
+                                  calls=picked.calls() if cluster.workers > 1 else {},
+                                  payload_calls=picked.payload() if cluster.machines > 1 else {})
         return Estimate(
             architecture=label, cluster=cluster, bytes_per_machine_per_step=total,
             index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,
@@ -139,10 +167,104 @@ class Pricing:
 
     def architecture(self, architecture: Architecture) -> Estimate:
         """AR, PS or HYBRID on this pricing's cluster (AUTO: see :func:`.auto.choose_auto`)."""
-        return self.total(architecture.value, [choose_method(c.kind, architecture) for c in self.costs])
+        if architecture not in self._architectures:
+            self._architectures[architecture] = self.total(architecture.value, self.methods_of(architecture))
+        return self._architectures[architecture]
+
+    def methods_of(self, architecture: Architecture) -> list[Method]:
+        """Each variable's method under AR, PS or HYBRID (a new list each call)."""
+        if architecture not in self._methods:
+            self._methods[architecture] = [choose_method(c.kind, architecture) for c in self.costs]
+        return list(self._methods[architecture])
 
     def baseline(self, key: str) -> Estimate:
         return self.total(key, [Method.AR] * len(self.costs))
+
+
+class _Column:
+    """Per variable (arrays in profile order), what charging it one key's cost adds to a step:
+    bytes, index bytes, message rounds (0 when it rides the fused allreduce), whether it rides
+    it, its :class:`CallTime` fields, its calls by ``"op/scope"`` (and whether it lists that
+    scope at all) and its payload share by the ``"op/scope"`` that carries it across machines."""
+
+    def __init__(self, charged: list, times: list[CallTime], parts):
+        n = len(charged)
+        self.bytes = np.array([c.bytes_per_step for c in charged], float)
+        self.index = np.array([c.index_bytes_per_step for c in charged], float)
+        self.fused = np.array([c.fused_allreduce for c in charged], bool)
+        self.messages = np.array([0 if c.fused_allreduce else c.messages_per_step for c in charged], np.int64)
+        self.time, self.latency, self.fused_bytes = (np.array([t[i] for t in times], float) for i in (0, 1, 3))
+        self.calls = np.array([t[2] for t in times], np.int64)
+        rides, calls, listed, payload, carries = [False] * n, {}, {}, {}, {}
+        for i, cost in enumerate(charged):
+            rides[i], own, shares = parts(cost)
+            for key, count in own:
+                if key not in calls:
+                    calls[key], listed[key] = [0] * n, [False] * n
+                calls[key][i] += count
+                listed[key][i] = True
+            for key, share in shares:
+                if key not in payload:
+                    payload[key], carries[key] = [0.0] * n, [False] * n
+                payload[key][i] += share
+                carries[key][i] = True
+        self.rides = np.array(rides, bool)
+        self.scope_calls = {key: np.array(v, np.int64) for key, v in calls.items()}
+        self.scope_listed = {key: np.array(v, bool) for key, v in listed.items()}
+        self.scope_payload = {key: np.array(v, float) for key, v in payload.items()}
+        self.scope_carries = {key: np.array(v, bool) for key, v in carries.items()}
+
+
+class _Picked:
+    """Each variable's entry of its charged key's :class:`_Column` (``keys`` in profile order)."""
+
+    def __init__(self, priced: Pricing, keys: list[str]):
+        at: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            at.setdefault(key, []).append(i)
+        self.n = len(keys)
+        self.groups = {key: np.array(where, np.intp) for key, where in at.items()}
+        self.columns = {key: priced.column(key) for key in self.groups}
+
+    def _pick(self, arrays: dict, dtype) -> np.ndarray:
+        if len(arrays) == 1 and len(self.groups) == 1:
+            return next(iter(arrays.values()))
+        out = np.zeros(self.n, dtype)
+        for key, at in self.groups.items():
+            if key in arrays:
+                out[at] = arrays[key][at]
+        return out
+
+    def values(self, field: str, dtype=float) -> np.ndarray:
+        return self._pick({key: getattr(column, field) for key, column in self.columns.items()}, dtype)
+
+    def _scopes(self, attribute: str) -> set:
+        return {scope for column in self.columns.values() for scope in getattr(column, attribute)}
+
+    def calls(self) -> dict:
+        """``{"op/scope": calls per step}``, the fused allreduce counted once (as
+        :func:`.timing.calls_by_scope`)."""
+        out = {}
+        for scope in sorted(self._scopes("scope_calls")):
+            listed = self._pick({k: c.scope_listed[scope] for k, c in self.columns.items() if scope in c.scope_listed},
+                                bool)
+            if listed.any():
+                out[scope] = int(self._pick({k: c.scope_calls[scope] for k, c in self.columns.items()
+                                             if scope in c.scope_calls}, np.int64).sum())
+        if self.values("rides", bool).any():
+            out["allreduce/all"] = out.get("allreduce/all", 0) + 1
+        return out
+
+    def payload(self) -> dict:
+        """``{"op/scope": payload bytes}`` (as :func:`.timing.payload_by_call`)."""
+        out = {}
+        for scope in sorted(self._scopes("scope_payload")):
+            carries = self._pick({k: c.scope_carries[scope] for k, c in self.columns.items()
+                                  if scope in c.scope_carries}, bool)
+            if carries.any():
+                out[scope] = sum(self._pick({k: c.scope_payload[scope] for k, c in self.columns.items()
+                                             if scope in c.scope_payload}, float).tolist())
+        return out
 
 
 def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing:

@@ -121,12 +121,19 @@ def step_communication(times: Sequence[CallTime], calibration: Calibration) -> S
         latency += t[1]
         calls += t[2]
         fused += t[3]
-    if fused > 0:
+    return with_fused_call(time, latency, calls, fused, calibration)
+
+
+def with_fused_call(time_s: float, latency_s: float, calls: int, fused_bytes: float,
+                    calibration: Calibration) -> StepTime:
+    """The step's communication from the sums of its variables' :class:`CallTime` fields: the
+    one fused allreduce is added when any variable rides it (``fused_bytes`` > 0)."""
+    if fused_bytes > 0:
         fit = calibration.fit("allreduce", "all")
-        time += fit.latency_s + fused * 8.0 / fit.bandwidth_bps
-        latency += fit.latency_s
+        time_s += fit.latency_s + fused_bytes * 8.0 / fit.bandwidth_bps
+        latency_s += fit.latency_s
         calls += 1
-    return StepTime(time, latency, calls)
+    return StepTime(time_s, latency_s, calls)
 
 
 def fused_seconds_per_byte(calibration: Calibration) -> float:
@@ -140,24 +147,29 @@ def payload_by_call(costs: Sequence[MethodCost], cluster: ClusterSpec) -> dict:
     on a machine's link (handed bytes x :func:`~parallax_nb.calibration.link_factor`), equally
     by calls where the sizes are unknown. A cost with no such call (one machine, point-to-point
     asynchronous pulls and pushes) is left out."""
-    from ..calibration import link_factor
-
     out: dict = {}
     if cluster.machines == 1:
         return out
     for cost in costs:
-        crossing = [c for c in cost.collectives if c.participants != "machine" and c.count > 0]
-        if cost.bytes_per_step <= 0 or not crossing:
-            continue
-        weights = [c.handed_bytes * link_factor(c.op, c.participants, cluster.machines, cluster.workers_per_machine)
-                   for c in crossing]
-        if sum(weights) <= 0:
-            weights = [float(c.count) for c in crossing]
-        per_weight = cost.bytes_per_step / sum(weights)
-        for c, w in zip(crossing, weights):
-            key = f"{c.op}/{c.participants}"
-            out[key] = out.get(key, 0.0) + w * per_weight
+        for key, share in payload_shares(cost, cluster):
+            out[key] = out.get(key, 0.0) + share
     return out
+
+
+def payload_shares(cost: MethodCost, cluster: ClusterSpec) -> list[tuple[str, float]]:
+    """One charged cost's part of :func:`payload_by_call`: ``[("op/scope", bytes)]`` per call
+    that crosses machines, [] when none does or nothing moves."""
+    from ..calibration import link_factor
+
+    crossing = [c for c in cost.collectives if c.participants != "machine" and c.count > 0]
+    if cost.bytes_per_step <= 0 or not crossing:
+        return []
+    weights = [c.handed_bytes * link_factor(c.op, c.participants, cluster.machines, cluster.workers_per_machine)
+               for c in crossing]
+    if sum(weights) <= 0:
+        weights = [float(c.count) for c in crossing]
+    per_weight = cost.bytes_per_step / sum(weights)
+    return [(f"{c.op}/{c.participants}", w * per_weight) for c, w in zip(crossing, weights)]
 
 
 def calls_by_scope(costs: Sequence[MethodCost], ranks: int) -> dict:
@@ -169,12 +181,20 @@ def calls_by_scope(costs: Sequence[MethodCost], ranks: int) -> dict:
     if ranks == 1:
         return out
     for cost in costs:
-        for c in cost.collectives:
-            if cost.fused_allreduce and c.op == "allreduce":
-                fused = True
-                continue
-            key = f"{c.op}/{c.participants}"
-            out[key] = out.get(key, 0) + c.count
+        fused = fused or rides_fused_allreduce(cost)
+        for key, count in own_calls(cost):
+            out[key] = out.get(key, 0) + count
     if fused:
         out["allreduce/all"] = out.get("allreduce/all", 0) + 1
     return out
+
+
+def rides_fused_allreduce(cost: MethodCost) -> bool:
+    """``cost`` hands bytes to the step's one fused allreduce."""
+    return cost.fused_allreduce and any(c.op == "allreduce" for c in cost.collectives)
+
+
+def own_calls(cost: MethodCost) -> list[tuple[str, int]]:
+    """``[("op/scope", count)]`` of the calls ``cost`` issues itself (not the fused allreduce)."""
+    return [(f"{c.op}/{c.participants}", c.count) for c in cost.collectives
+            if not (cost.fused_allreduce and c.op == "allreduce")]
