@@ -294,7 +294,8 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     print(f"== {spec['workload']}: {ranks} ranks, {network}", flush=True)
     start = time.monotonic()
     steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)
-    results = launch({**spec, "warmup_steps": args.warmup, "repeats": args.repeats, "steps_per_repeat": steps},
+    results = launch({**spec, "warmup_steps": args.warmup, "repeats": args.repeats, "steps_per_repeat": steps,
+                      "bind_cores": args.bind_cores},
                      config_list, machines, workers, bandwidth, workdir, tag, args.timeout)
     for c, twin in same_as.items():
         if twin in results:
@@ -328,6 +329,10 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds a configuration may take (incl. start-up) before it is killed as hung")
+    parser.add_argument("--bind-cores", action="store_true",
+                        help="once Horovod has started, bind each rank to core (rank mod cores), every "
+                             "configuration alike (an experiment on the emulated clusters' placement: see "
+                             "benchmarks/README.md)")
     parser.add_argument("--quick", action="store_true", help="tiny workloads: check the harness in a minute")
     parser.add_argument("--invocations", type=int, default=1,
                         help="run the whole benchmark this many times as separate processes; figures are "
@@ -365,6 +370,7 @@ def main(argv=None) -> int:
            "machine": report.machine_description(), "python": platform.python_version(),
            "wall_s": time.monotonic() - started, "quick": args.quick,
            "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
+           "bind_cores": args.bind_cores,
            "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads},
            "settings": settings}
     doc["targets"] = report.targets(settings)
