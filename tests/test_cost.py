@@ -460,4 +460,4 @@ def test_pricing_totals_equal_the_sums_over_the_variables_to_the_bit():
                                       payload_calls=payload_by_call(charged, cluster))
             assert (est.link.calls, est.link.payload_calls) == (link.calls, link.payload_calls), (cluster, label)
             assert est.link.calls and (est.link.payload_calls or cluster.machines == 1)
-            assert priced.total(label, methods) is est
+            assert priced.total(label, methods) is est and est.methods == tuple(methods)

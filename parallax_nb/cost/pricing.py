@@ -125,7 +125,7 @@ class Pricing:
         The same label, methods and explanations give the same (frozen) Estimate back.
         """
         keys = self.charged_keys(label, methods)
-        memo = (label, tuple(keys), tuple(explanations))
+        memo = (label, tuple(methods), tuple(explanations))
         made = self._totals.get(memo)
         if made is None:
             made = self._totals[memo] = self._total(label, methods, keys, explanations)
