@@ -5,7 +5,7 @@ and AUTO's search all read one :class:`Pricing`, which :func:`pricing` keeps whi
 inputs come back (a 1,000-variable replan stays within milliseconds).
 
 A step's totals are sums over the variables of what each one's charged cost adds. Per cost
-key those additions are kept as arrays in profile order (:class:`_Column`), and a total picks
+key those additions are kept as lists in profile order (:class:`_Column`), and a total picks
 each variable's entry from its key's column and sums them in profile order: the same
 additions in the same order as a loop over the variables, without rebuilding them for every
 plan a planner or AUTO prices.
@@ -13,8 +13,6 @@ plan a planner or AUTO prices.
 from __future__ import annotations
 
 from typing import Sequence
-
-import numpy as np
 
 from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost)
@@ -82,7 +80,7 @@ class Pricing:
         self._architectures: dict[Architecture, Estimate] = {}
         self._methods: dict[Architecture, list[Method]] = {}
         self._totals: dict[tuple, Estimate] = {}
-        self._sparse = np.array([c.kind is Kind.SPARSE for c in self.costs], bool)
+        self._sparse = [c.kind is Kind.SPARSE for c in self.costs]
 
     def times(self, key: str) -> list[CallTime]:
         """Per variable, the call time of its cost under ``key`` (a Method value or baseline key)."""
@@ -135,18 +133,17 @@ class Pricing:
         profile, cluster, costs = self.profile, self.cluster, self.costs
         picked = _Picked(self, keys)
         bytes_ = picked.values("bytes")
-        total = sum(bytes_.tolist())
-        index = sum(picked.values("index").tolist())
-        sparse = sum(np.where(self._sparse, bytes_, 0.0).tolist())
-        dense = sum(np.where(self._sparse, 0.0, bytes_).tolist())
-        by_method = {key: sum(self.column(key).bytes[at].tolist()) for key, at in picked.groups.items()}
-        fused_allreduce = bool(picked.values("fused", bool).any())
-        messages = int(picked.values("messages", np.int64).sum())
+        total = sum(bytes_)
+        index = sum(picked.values("index"))
+        sparse = sum([b if s else 0.0 for b, s in zip(bytes_, self._sparse)])
+        dense = sum([0.0 if s else b for b, s in zip(bytes_, self._sparse)])
+        by_method = {key: sum([self.column(key).bytes[i] for i in at]) for key, at in picked.groups.items()}
+        fused_allreduce = any(picked.values("fused"))
+        messages = sum(picked.values("messages"))
         if fused_allreduce and cluster.machines > 1:
             messages += rounds("allreduce", participants(cluster)[0])
-        comm = with_fused_call(sum(picked.values("time").tolist()), sum(picked.values("latency").tolist()),
-                               int(picked.values("calls", np.int64).sum()), sum(picked.values("fused_bytes").tolist()),
-                               self.calibration)
+        comm = with_fused_call(sum(picked.values("time")), sum(picked.values("latency")), sum(picked.values("calls")),
+                               sum(picked.values("fused_bytes")), self.calibration)
         compute = self.compute_time_s
         step = compute + comm.comm_time_s
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
@@ -182,88 +179,83 @@ class Pricing:
 
 
 class _Column:
-    """Per variable (arrays in profile order), what charging it one key's cost adds to a step:
+    """Per variable (lists in profile order), what charging it one key's cost adds to a step:
     bytes, index bytes, message rounds (0 when it rides the fused allreduce), whether it rides
     it, its :class:`CallTime` fields, its calls by ``"op/scope"`` (and whether it lists that
     scope at all) and its payload share by the ``"op/scope"`` that carries it across machines."""
 
     def __init__(self, charged: list, times: list[CallTime], parts):
         n = len(charged)
-        self.bytes = np.array([c.bytes_per_step for c in charged], float)
-        self.index = np.array([c.index_bytes_per_step for c in charged], float)
-        self.fused = np.array([c.fused_allreduce for c in charged], bool)
-        self.messages = np.array([0 if c.fused_allreduce else c.messages_per_step for c in charged], np.int64)
-        self.time, self.latency, self.fused_bytes = (np.array([t[i] for t in times], float) for i in (0, 1, 3))
-        self.calls = np.array([t[2] for t in times], np.int64)
-        rides, calls, listed, payload, carries = [False] * n, {}, {}, {}, {}
+        self.bytes = [c.bytes_per_step for c in charged]
+        self.index = [c.index_bytes_per_step for c in charged]
+        self.fused = [c.fused_allreduce for c in charged]
+        self.messages = [0 if c.fused_allreduce else c.messages_per_step for c in charged]
+        self.time, self.latency, self.calls, self.fused_bytes = ([t[i] for t in times] for i in range(4))
+        self.rides = [False] * n
+        self.scope_calls: dict[str, list] = {}
+        self.scope_listed: dict[str, list] = {}
+        self.scope_payload: dict[str, list] = {}
+        self.scope_carries: dict[str, list] = {}
         for i, cost in enumerate(charged):
-            rides[i], own, shares = parts(cost)
+            self.rides[i], own, shares = parts(cost)
             for key, count in own:
-                if key not in calls:
-                    calls[key], listed[key] = [0] * n, [False] * n
-                calls[key][i] += count
-                listed[key][i] = True
+                if key not in self.scope_calls:
+                    self.scope_calls[key], self.scope_listed[key] = [0] * n, [False] * n
+                self.scope_calls[key][i] += count
+                self.scope_listed[key][i] = True
             for key, share in shares:
-                if key not in payload:
-                    payload[key], carries[key] = [0.0] * n, [False] * n
-                payload[key][i] += share
-                carries[key][i] = True
-        self.rides = np.array(rides, bool)
-        self.scope_calls = {key: np.array(v, np.int64) for key, v in calls.items()}
-        self.scope_listed = {key: np.array(v, bool) for key, v in listed.items()}
-        self.scope_payload = {key: np.array(v, float) for key, v in payload.items()}
-        self.scope_carries = {key: np.array(v, bool) for key, v in carries.items()}
+                if key not in self.scope_payload:
+                    self.scope_payload[key], self.scope_carries[key] = [0.0] * n, [False] * n
+                self.scope_payload[key][i] += share
+                self.scope_carries[key][i] = True
 
 
 class _Picked:
     """Each variable's entry of its charged key's :class:`_Column` (``keys`` in profile order)."""
 
     def __init__(self, priced: Pricing, keys: list[str]):
-        at: dict[str, list[int]] = {}
+        self.groups: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
-            at.setdefault(key, []).append(i)
+            self.groups.setdefault(key, []).append(i)
         self.n = len(keys)
-        self.groups = {key: np.array(where, np.intp) for key, where in at.items()}
         self.columns = {key: priced.column(key) for key in self.groups}
 
-    def _pick(self, arrays: dict, dtype) -> np.ndarray:
-        if len(arrays) == 1 and len(self.groups) == 1:
-            return next(iter(arrays.values()))
-        out = np.zeros(self.n, dtype)
+    def _pick(self, lists: dict, empty) -> list:
+        """Variable i's entry of the list of its key (``empty`` where its key has none)."""
+        if len(lists) == 1 and len(self.groups) == 1:
+            return next(iter(lists.values()))
+        out = [empty] * self.n
         for key, at in self.groups.items():
-            if key in arrays:
-                out[at] = arrays[key][at]
+            values = lists.get(key)
+            if values is not None:
+                for i in at:
+                    out[i] = values[i]
         return out
 
-    def values(self, field: str, dtype=float) -> np.ndarray:
-        return self._pick({key: getattr(column, field) for key, column in self.columns.items()}, dtype)
+    def values(self, field: str) -> list:
+        return self._pick({key: getattr(column, field) for key, column in self.columns.items()}, 0)
 
-    def _scopes(self, attribute: str) -> set:
-        return {scope for column in self.columns.values() for scope in getattr(column, attribute)}
+    def _scoped(self, attribute: str, scope: str, empty) -> list:
+        return self._pick({k: getattr(c, attribute)[scope] for k, c in self.columns.items()
+                           if scope in getattr(c, attribute)}, empty)
 
     def calls(self) -> dict:
         """``{"op/scope": calls per step}``, the fused allreduce counted once (as
         :func:`.timing.calls_by_scope`)."""
         out = {}
-        for scope in sorted(self._scopes("scope_calls")):
-            listed = self._pick({k: c.scope_listed[scope] for k, c in self.columns.items() if scope in c.scope_listed},
-                                bool)
-            if listed.any():
-                out[scope] = int(self._pick({k: c.scope_calls[scope] for k, c in self.columns.items()
-                                             if scope in c.scope_calls}, np.int64).sum())
-        if self.values("rides", bool).any():
+        for scope in sorted({s for c in self.columns.values() for s in c.scope_calls}):
+            if any(self._scoped("scope_listed", scope, False)):
+                out[scope] = sum(self._scoped("scope_calls", scope, 0))
+        if any(self.values("rides")):
             out["allreduce/all"] = out.get("allreduce/all", 0) + 1
         return out
 
     def payload(self) -> dict:
         """``{"op/scope": payload bytes}`` (as :func:`.timing.payload_by_call`)."""
         out = {}
-        for scope in sorted(self._scopes("scope_payload")):
-            carries = self._pick({k: c.scope_carries[scope] for k, c in self.columns.items()
-                                  if scope in c.scope_carries}, bool)
-            if carries.any():
-                out[scope] = sum(self._pick({k: c.scope_payload[scope] for k, c in self.columns.items()
-                                             if scope in c.scope_payload}, float).tolist())
+        for scope in sorted({s for c in self.columns.values() for s in c.scope_payload}):
+            if any(self._scoped("scope_carries", scope, False)):
+                out[scope] = sum(self._scoped("scope_payload", scope, 0.0))
         return out
 
 
