@@ -122,22 +122,21 @@ class Pricing:
         otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`.
         The same label, methods and explanations give the same (frozen) Estimate back.
         """
-        keys = self.charged_keys(label, methods)
         memo = (label, tuple(methods), tuple(explanations))
         made = self._totals.get(memo)
         if made is None:
-            made = self._totals[memo] = self._total(label, methods, keys, explanations)
+            made = self._totals[memo] = self._total(label, methods, explanations)
         return made
 
-    def _total(self, label, methods, keys, explanations) -> Estimate:
+    def _total(self, label, methods, explanations) -> Estimate:
         profile, cluster, costs = self.profile, self.cluster, self.costs
-        picked = _Picked(self, keys)
+        picked = _Picked(self, self.charged_keys(label, methods))
         bytes_ = picked.values("bytes")
         total = sum(bytes_)
         index = sum(picked.values("index"))
         sparse = sum([b if s else 0.0 for b, s in zip(bytes_, self._sparse)])
         dense = sum([0.0 if s else b for b, s in zip(bytes_, self._sparse)])
-        by_method = {key: sum([self.column(key).bytes[i] for i in at]) for key, at in picked.groups.items()}
+        by_method = {key: sum([picked.columns[key].bytes[i] for i in at]) for key, at in picked.groups.items()}
         fused_allreduce = any(picked.values("fused"))
         messages = sum(picked.values("messages"))
         if fused_allreduce and cluster.machines > 1:
@@ -182,7 +181,8 @@ class _Column:
     """Per variable (lists in profile order), what charging it one key's cost adds to a step:
     bytes, index bytes, message rounds (0 when it rides the fused allreduce), whether it rides
     it, its :class:`CallTime` fields, its calls by ``"op/scope"`` (and whether it lists that
-    scope at all) and its payload share by the ``"op/scope"`` that carries it across machines."""
+    scope at all) and its payload share by the ``"op/scope"`` that carries it across machines
+    (0.0 where none: shares of 0 bytes frame nothing and the link prediction drops them)."""
 
     def __init__(self, charged: list, times: list[CallTime], parts):
         n = len(charged)
@@ -195,7 +195,6 @@ class _Column:
         self.scope_calls: dict[str, list] = {}
         self.scope_listed: dict[str, list] = {}
         self.scope_payload: dict[str, list] = {}
-        self.scope_carries: dict[str, list] = {}
         for i, cost in enumerate(charged):
             self.rides[i], own, shares = parts(cost)
             for key, count in own:
@@ -205,9 +204,8 @@ class _Column:
                 self.scope_listed[key][i] = True
             for key, share in shares:
                 if key not in self.scope_payload:
-                    self.scope_payload[key], self.scope_carries[key] = [0.0] * n, [False] * n
+                    self.scope_payload[key] = [0.0] * n
                 self.scope_payload[key][i] += share
-                self.scope_carries[key][i] = True
 
 
 class _Picked:
@@ -251,12 +249,10 @@ class _Picked:
         return out
 
     def payload(self) -> dict:
-        """``{"op/scope": payload bytes}`` (as :func:`.timing.payload_by_call`)."""
-        out = {}
-        for scope in sorted({s for c in self.columns.values() for s in c.scope_payload}):
-            if any(self._scoped("scope_carries", scope, False)):
-                out[scope] = sum(self._scoped("scope_payload", scope, 0.0))
-        return out
+        """``{"op/scope": payload bytes}`` (as :func:`.timing.payload_by_call`; a scope no charged
+        cost carries reads 0.0)."""
+        return {scope: sum(self._scoped("scope_payload", scope, 0.0))
+                for scope in sorted({s for c in self.columns.values() for s in c.scope_payload})}
 
 
 def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing:
