@@ -15,7 +15,9 @@ this process combines their figures:
   scope is fitted as ``latency_s + bytes / (bandwidth_bps / 8)``
   (:func:`~parallax_nb.calibration.fit_collective`);
 * ``compute_time_s[job name]`` = the largest per-rank median step time (the step waits for
-  the slowest rank);
+  the slowest rank); ``baseline_compute_time_s[job name][baseline]`` the same for the Horovod
+  baselines' own single-device step (the model as Keras builds it; empty when the model has
+  no sparse gradient and they run the runtime's program);
 * ``coordination_bytes_per_s`` / ``coordination_packets_per_s`` = the mean over machines of
   what each machine's link carried per second while Horovod ran idle (0 without a link to
   read: on one host, or on real hosts without ``link_interface``);
@@ -37,6 +39,7 @@ from __future__ import annotations
 import os
 import time
 
+from . import labels
 from .calibration import Calibration, fit_collective, fit_link, horovod_cycle_time_ms
 from .errors import ConfigError, JobError
 
@@ -207,9 +210,12 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                 link_fits[key] = fit_link([(points[0][0], sum(p[1] for p in points) / len(points),
                                             sum(p[2] for p in points) / len(points))
                                            for points in zip(*readings)])
-    compute = {}
+    compute, baseline_compute = {}, {}
     if first["compute"] is not None:
-        compute[first["compute"]["model"]] = max(r["compute"]["median_step_s"] for r in per_rank)
+        model = first["compute"]["model"]
+        compute[model] = max(r["compute"]["median_step_s"] for r in per_rank)
+        baseline_compute[model] = {key: max(r["compute"]["baselines"][key] for r in per_rank)
+                                   for key in first["compute"]["baselines"]}
     several = first["machines"] > 1
     bytes_per_s, packets_per_s = _link_rates([r["link"] for r in per_rank])
     busy_bytes_per_s, _ = _link_rates([r.get("busy_link") for r in per_rank])
@@ -218,7 +224,8 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                        coordination_packets_per_s=packets_per_s if several else 0.0,
                        busy_coordination_bytes_per_s=busy_bytes_per_s if several else 0.0,
                        measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       horovod_env=first.get("horovod_env", {}), link_fits=link_fits)
+                       horovod_env=first.get("horovod_env", {}), link_fits=link_fits,
+                       baseline_compute_time_s=baseline_compute)
 
 
 def _link_rates(readings) -> tuple[float, float]:
@@ -239,6 +246,9 @@ def fits_table(calibration: Calibration) -> str:
                      f"{100 * fit.max_relative_error:>8.1f}% {fit.samples:>5}")
     for model, seconds in sorted(calibration.compute_time_s.items()):
         lines.append(f"compute of {model}: {seconds * 1e3:.1f} ms per step (slowest rank, all ranks computing)")
+        for key, baseline_s in sorted(calibration.baseline_compute_time_s.get(model, {}).items()):
+            lines.append(f"  as {labels.text(key)} runs it (the model as Keras builds it): "
+                         f"{baseline_s * 1e3:.1f} ms per step")
     settings = ", ".join(f"{k}={v}" for k, v in calibration.horovod_env.items()) or "Horovod's defaults"
     lines.append(f"Horovod cycle time {calibration.horovod_cycle_time_ms:g} ms ({settings})")
     if calibration.coordination_packets_per_s > 0:

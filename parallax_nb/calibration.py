@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
+from .types import PLAIN_HOROVOD, SPARSE_AS_DENSE
 
 CALIBRATION_SCHEMA = "parallax_nb.calibration"
 CALIBRATION_SCHEMA_VERSION = 1
@@ -83,6 +84,22 @@ def _finite(name: str, value, minimum: float = 0.0, strict: bool = False) -> flo
         raise ConfigError(f"calibration {name} must be a finite number {bound}, got {value!r}",
                           hint="measure again with px.calibrate(...), or drop the calibration to use the defaults")
     return float(value)
+
+
+def _baseline_compute(value) -> dict:
+    """``{model: {baseline key: seconds > 0}}``, checked (Calibration's docstring)."""
+    if not isinstance(value, dict) or not all(isinstance(b, dict) for b in value.values()):
+        raise ConfigError(f"calibration baseline_compute_time_s must map a model to {{baseline: seconds}}, "
+                          f"got {value!r}", hint="measure again with px.calibrate(...)")
+    out = {}
+    for model, by_key in value.items():
+        unknown = sorted(set(by_key) - {PLAIN_HOROVOD, SPARSE_AS_DENSE})
+        if unknown:
+            raise ConfigError(f"calibration baseline_compute_time_s[{model!r}] names {unknown}, not a Horovod baseline",
+                              hint=f"the keys are {PLAIN_HOROVOD!r} and {SPARSE_AS_DENSE!r}")
+        out[str(model)] = {k: _finite(f"baseline_compute_time_s[{model!r}][{k!r}]", v, strict=True)
+                           for k, v in by_key.items()}
+    return out
 
 
 def link_factor(op: str, scope: str, machines: int, workers_per_machine: int) -> float:
@@ -179,7 +196,12 @@ class Calibration:
     ``HOROVOD_*`` environment variables the ranks ran with; ``horovod_cycle_time_ms`` the cycle
     time they give (module docstring). ``link_fits`` maps ``"op/scope"`` to a :class:`LinkFit`:
     what a machine's link carried per call (empty without link counters to read, and in files
-    written before they were measured).
+    written before they were measured). ``baseline_compute_time_s`` maps a model name to
+    ``{baseline key: seconds}``: the compute of the Horovod baselines (``"horovod"``,
+    ``"sparse_as_dense"``), which run the model as Keras builds it (its ``Embedding`` layers
+    copy the whole table on every read once a sparse update has written it), measured like
+    ``compute_time_s``; ``{}`` for a model with no sparse gradient (they run the runtime's
+    program); a model missing here was calibrated before they were measured.
     """
 
     machines: int
@@ -194,6 +216,7 @@ class Calibration:
     horovod_env: dict = field(default_factory=dict, hash=False)
     busy_coordination_bytes_per_s: float | None = None
     link_fits: dict = field(default_factory=dict, hash=False)
+    baseline_compute_time_s: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         for name in ("machines", "workers_per_machine"):
@@ -204,6 +227,7 @@ class Calibration:
         object.__setattr__(self, "link_fits", _by_op_scope(self.link_fits, LinkFit, "link fit"))
         object.__setattr__(self, "compute_time_s", {str(k): _finite(f"compute_time_s[{k!r}]", v, strict=True)
                                                     for k, v in dict(self.compute_time_s).items()})
+        object.__setattr__(self, "baseline_compute_time_s", _baseline_compute(self.baseline_compute_time_s))
         for name in ("coordination_bytes_per_s", "coordination_packets_per_s"):
             object.__setattr__(self, name, _finite(name, getattr(self, name)))
         if self.busy_coordination_bytes_per_s is not None:
@@ -298,9 +322,20 @@ class Calibration:
                    for key, fit in self.link_fits.items() if not key.endswith("/machine")]
         return statistics.median(factors) if self.machines > 1 and factors else None
 
-    def compute_for(self, model_name: str) -> float | None:
-        """Seconds of compute per step of ``model_name`` under the real placement, if measured."""
+    def compute_for(self, model_name: str, baseline: str | None = None) -> float | None:
+        """Seconds of compute per step of ``model_name`` under the real placement, if measured;
+        with a Horovod ``baseline`` key, that baseline's own where measured (the runtime's
+        where the model has no sparse gradient, or the calibration predates the baselines')."""
+        if baseline is not None:
+            own = self.baseline_compute_time_s.get(model_name, {}).get(baseline)
+            if own is not None:
+                return own
         return self.compute_time_s.get(model_name)
+
+    def baseline_compute_known(self, model_name: str) -> bool:
+        """Whether this calibration measured the Horovod baselines' compute of ``model_name``
+        (or found it the runtime's program); False for files written before it did."""
+        return model_name in self.baseline_compute_time_s
 
     def check_shape(self, machines: int, workers_per_machine: int) -> None:
         """Refuse a calibration taken on another cluster shape, naming both."""
@@ -349,6 +384,7 @@ class Calibration:
                          "max_relative_error": f.max_relative_error, "points": [list(p) for p in f.points]}
                      for k, f in sorted(self.fits.items())},
             "compute_time_s": dict(sorted(self.compute_time_s.items())),
+            "baseline_compute_time_s": {m: dict(sorted(b.items())) for m, b in sorted(self.baseline_compute_time_s.items())},
             "coordination_bytes_per_s": self.coordination_bytes_per_s,
             "coordination_packets_per_s": self.coordination_packets_per_s,
             "busy_coordination_bytes_per_s": self.busy_coordination_bytes_per_s,
@@ -380,7 +416,8 @@ class Calibration:
                        measured=bool(d.get("measured", True)), where=str(d.get("where", "")),
                        created=str(d.get("created", "")), horovod_env=d.get("horovod_env", {}),
                        busy_coordination_bytes_per_s=d.get("busy_coordination_bytes_per_s"),
-                       link_fits=_link_fits(d.get("link_fits", {})))
+                       link_fits=_link_fits(d.get("link_fits", {})),
+                       baseline_compute_time_s=d.get("baseline_compute_time_s", {}))
         except KeyError as e:
             raise ConfigError(f"calibration lacks field {e.args[0]!r}",
                               hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None

@@ -74,16 +74,25 @@ LARGE_TABLES = dict(vocab_size=400_000, embedding_dim=64)
 
 
 def compute_against_step(steps: int) -> dict:
-    """The calibration of the LM with :data:`LARGE_TABLES` and the runtime's own step times
-    training it (AR), on the same ranks of one launch: ``{"calibration": this rank's
-    measure_on_rank figures, "steps_s": this rank's step times}``."""
+    """The calibration of the LM with :data:`LARGE_TABLES`, the runtime's own step times
+    training it (AR), and plain Horovod's training it as users write it
+    (``benchmarks/baselines.py``), on the same ranks of one launch: ``{"calibration": this
+    rank's measure_on_rank figures, "steps_s": this rank's step times, "horovod_steps_s":
+    plain Horovod's}``."""
+    import sys
+
     from parallax_nb.runtime.calibrate import measure_on_rank
     from parallax_nb.runtime.trainer import Trainer
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from baselines import horovod_train
 
     job = make_job("lm", "sgd", **LARGE_TABLES)
     calibrated = measure_on_rank(job=job, sizes_bytes=(4 << 10, 64 << 10), repeats=2, idle_s=0.1, compute_steps=10)
     result = Trainer(job, make_plan(job, "ar", None)).run(steps)
-    return {"calibration": calibrated, "steps_s": [r.step_time_s for r in result.history]}
+    horovod = horovod_train(job, steps)
+    return {"calibration": calibrated, "steps_s": [r.step_time_s for r in result.history],
+            "horovod_steps_s": [r.step_time_s for r in horovod]}
 
 
 def stop_asked_on(rank: int, at_poll: int, steps: int) -> dict:

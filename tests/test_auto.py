@@ -27,8 +27,10 @@ def seconds(text: str) -> float:
     return float(number) * (1e-3 if unit == "ms" else 1e-6)
 
 
-def calibration_2x2(alltoall_cross_latency_s=5e-4, compute_s=None) -> Calibration:
-    """A measured-looking calibration of 2 machines x 2 ranks (all ops and scopes fitted)."""
+def calibration_2x2(alltoall_cross_latency_s=5e-4, compute_s=None, baseline_compute_s=None) -> Calibration:
+    """A measured-looking calibration of 2 machines x 2 ranks (all ops and scopes fitted);
+    ``baseline_compute_s``: ``{baseline key: seconds}`` of the Horovod baselines' own compute
+    (None: a calibration from before they were measured)."""
     fits = {}
     for op in ("allreduce", "allgather", "alltoall"):
         fits[f"{op}/machine"] = CollectiveFit(1e-4, 2e10, samples=4)
@@ -36,7 +38,8 @@ def calibration_2x2(alltoall_cross_latency_s=5e-4, compute_s=None) -> Calibratio
         fits[f"{op}/cross"] = CollectiveFit(6e-4, 9e8, samples=4)
     fits["alltoall/cross"] = CollectiveFit(alltoall_cross_latency_s, 9e8, samples=4)
     return Calibration(2, 2, fits, compute_time_s={"lm_like": compute_s} if compute_s else {},
-                       coordination_bytes_per_s=6.7e5, where="emulated 2x2@1Gbit/s", created="2026-11-24T15:00:00Z")
+                       coordination_bytes_per_s=6.7e5, where="emulated 2x2@1Gbit/s", created="2026-11-24T15:00:00Z",
+                       baseline_compute_time_s={} if baseline_compute_s is None else {"lm_like": baseline_compute_s})
 
 
 # ----------------------------------------------------------------------------- AUTO's explanations
@@ -151,7 +154,7 @@ def test_the_step_chart_draws_only_what_can_be_chosen():
 
 def test_a_calibration_prices_every_estimate_and_its_compute():
     prof = lm_profile()
-    cal = calibration_2x2(compute_s=0.05)
+    cal = calibration_2x2(compute_s=0.05, baseline_compute_s={})
     cluster = ClusterSpec.create(2, 2, "1Gbit/s")
     est = estimate(prof, make_plan(prof, cluster, "hybrid"), calibration=cal)
     assert est.compute_time_s == 0.05 and est.calibration.startswith("calibrated on emulated 2x2@1Gbit/s")
@@ -174,6 +177,32 @@ def test_a_calibration_prices_every_estimate_and_its_compute():
     summary = render_summary(make_planner(prof, machines=2, workers_per_machine=2, calibration=calibration_2x2()))
     assert summary.count("compute: one-device profile, not measured on these ranks") == 1
     assert 'class="parallax-time-basis">Times: calibrated on emulated 2x2@1Gbit/s' in summary
+
+
+def test_the_horovod_baselines_are_charged_their_own_calibrated_compute():
+    """Plain Horovod and sparse_as_dense run the model as Keras builds it: each estimate takes
+    that baseline's own measured compute, everything else the runtime's. A calibration from
+    before the baselines' compute was measured prices them with the runtime's and says so."""
+    from parallax_nb.types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS
+
+    prof = lm_profile()
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    cal = calibration_2x2(compute_s=0.05, baseline_compute_s={PLAIN_HOROVOD: 0.08, SPARSE_AS_DENSE: 0.11})
+    est = compare_architectures(prof, cluster, include_horovod=True, calibration=cal)
+    compute = {str(getattr(k, "value", k)): e.compute_time_s for k, e in est.items()}
+    assert compute == {"ar": 0.05, "ps": 0.05, "hybrid": 0.05, "auto": 0.05,
+                       PLAIN_HOROVOD: 0.08, SPARSE_AS_DENSE: 0.11, TF_PS: 0.05}, compute
+    assert est[PLAIN_HOROVOD].step_time_s == pytest.approx(0.08 + est[PLAIN_HOROVOD].comm_time_s)
+    assert len({e.calibration for e in est.values()}) == 1
+    assert Calibration.from_json(cal.to_json()) == cal
+    older = compare_architectures(prof, cluster, include_horovod=True, calibration=calibration_2x2(compute_s=0.05))
+    assert older[PLAIN_HOROVOD].compute_time_s == 0.05
+    for key, e in older.items():
+        if key in (PLAIN_HOROVOD, SPARSE_AS_DENSE):
+            assert e.calibration.endswith("not the model as Keras builds it; calibrate again to measure the "
+                                          "baseline's own"), e.calibration
+        else:
+            assert "Keras" not in e.calibration
 
 
 def test_a_calibration_changes_what_auto_chooses():

@@ -12,7 +12,8 @@ from parallax_nb.errors import ConfigError
 def measured() -> Calibration:
     return Calibration(2, 2, {"allreduce/all": CollectiveFit(3e-4, 8e8, samples=4, max_relative_error=0.05),
                               "alltoall/cross": {"latency_s": 5e-4, "bandwidth_bps": 9e8}},
-                       compute_time_s={"lm_tiny": 0.012}, coordination_bytes_per_s=6.7e5,
+                       compute_time_s={"lm_tiny": 0.012}, baseline_compute_time_s={"lm_tiny": {"horovod": 0.02}},
+                       coordination_bytes_per_s=6.7e5,
                        busy_coordination_bytes_per_s=2.3e4, where="emulated 2x2@1Gbit/s",
                        created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"},
                        link_fits={"alltoall/cross": LinkFit(2400.0, 2.02, points=((256, 2917.0, 28.0),)),
@@ -28,6 +29,8 @@ def test_round_trip_through_json(tmp_path):
     assert back.fit("alltoall", "cross").time_s(9e8 / 8) == pytest.approx(5e-4 + 1.0)
     assert back.fit("allreduce", "machine") == cal.fits["allreduce/all"]   # unmeasured scope: "all"
     assert back.compute_for("lm_tiny") == 0.012 and back.compute_for("other") is None
+    assert back.compute_for("lm_tiny", "horovod") == 0.02 and back.baseline_compute_known("lm_tiny")
+    assert back.compute_for("lm_tiny", "sparse_as_dense") == 0.012   # not measured: the runtime's
     assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
     assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
     assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
@@ -45,9 +48,11 @@ def test_round_trip_through_json(tmp_path):
 def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults():
     """No horovod_env: Horovod's default 1 ms cycle; no busy rate: the idle rate stands in."""
     d = measured().to_dict()
-    for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s", "link_fits"):
+    for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s", "link_fits",
+                "baseline_compute_time_s"):
         del d[key]
     old = Calibration.from_json(json.dumps(d))
+    assert not old.baseline_compute_known("lm_tiny") and old.compute_for("lm_tiny", "horovod") == 0.012
     assert old.link_fits == {} and old.payload_framing_factor is None   # the assumed framing, no call bytes
     assert old.horovod_env == {} and old.horovod_cycle_time_ms == 1.0 == DEFAULT_HOROVOD_CYCLE_TIME_MS
     assert old.busy_coordination_bytes_per_s is None and old.step_coordination_bytes_per_s == 6.7e5
@@ -98,6 +103,10 @@ def test_defaults_are_marked_uncalibrated():
     (lambda d: d["link_fits"].update({"alltoall/world": {"overhead_bytes": 1, "bytes_per_handed_byte": 1}}),
      "link fit 'alltoall/world'"),
     (lambda d: d.update(link_fits=[1, 2]), "'link_fits' must map"),
+    (lambda d: d["baseline_compute_time_s"]["lm_tiny"].update(horovod=float("nan")),
+     "baseline_compute_time_s['lm_tiny']['horovod'] must be a finite number > 0, got nan"),
+    (lambda d: d["baseline_compute_time_s"]["lm_tiny"].update(tf_ps=0.1), "names ['tf_ps'], not a Horovod baseline"),
+    (lambda d: d.update(baseline_compute_time_s={"lm_tiny": 0.1}), "must map a model to {baseline: seconds}"),
 ])
 def test_bad_files_are_refused_with_the_value(change, words):
     d = json.loads(measured().to_json())

@@ -20,7 +20,7 @@ from .choice import choose_method
 from .methods import variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import (CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
+from .timing import (KERAS_BUILT, CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
                      rides_fused_allreduce, time_basis, with_fused_call)
 
 _PRICINGS: dict = {}
@@ -143,7 +143,7 @@ class Pricing:
             messages += rounds("allreduce", participants(cluster)[0])
         comm = with_fused_call(sum(picked.values("time")), sum(picked.values("latency")), sum(picked.values("calls")),
                                sum(picked.values("fused_bytes")), self.calibration)
-        compute = self.compute_time_s
+        compute = self.compute_time_s if label not in KERAS_BUILT else compute_time_s(profile, self.calibration, label)
         step = compute + comm.comm_time_s
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
                                   calls=picked.calls() if cluster.workers > 1 else {},
@@ -156,7 +156,7 @@ class Pricing:
             compute_time_s=compute, transfer_time_s=comm.transfer_time_s, latency_time_s=comm.latency_time_s,
             comm_time_s=comm.comm_time_s, step_time_s=step,
             examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
-            variables=tuple(costs), methods=tuple(methods), calibration=time_basis(profile, self.calibration),
+            variables=tuple(costs), methods=tuple(methods), calibration=time_basis(profile, self.calibration, label),
             collective_calls_per_step=comm.calls, link=link,
             explanations=tuple(explanations),
         )

@@ -23,6 +23,10 @@ In order, identical on every rank:
    in copy-on-read mode and every such read copies the whole table (measured: 13.8 ms per
    step for a 100,000 x 256 float32 table against 0.45 ms for the runtime's gather of the
    rows), which the runtime never pays.
+   Plain Horovod as users run it pays it: with sparse gradients, the same timing follows for
+   the baselines that run the model as Keras builds it (``baselines``): ``horovod``, its
+   ``IndexedSlices`` applied as they come, and ``sparse_as_dense``, them densified first. A
+   model with no sparse gradient runs the runtime's program under both, and is timed once.
 3. **Coordination**: all ranks idle for ``idle_s`` seconds while Horovod's background loop
    runs under the ranks' own Horovod settings (``HOROVOD_CYCLE_TIME`` and the others of
    :data:`parallax_nb.calibration.HOROVOD_TIMING_SETTINGS`, reported as ``horovod_env``);
@@ -81,7 +85,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
                     compute_steps: int = COMPUTE_STEPS) -> dict:
     """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
     "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
-    "compute": {"model", "median_step_s", "steps_s"} or None, "link" and "busy_link":
+    "compute": {"model", "median_step_s", "steps_s", "baselines": {baseline key: median step s}} or None, "link" and "busy_link":
     {"bytes", "packets", "seconds"} or None, "link_per_call": {"op/scope": [(bytes, link bytes,
     link packets) per call, ...]} (local rank 0 with a link to read, else {}), "horovod_env":
     {Horovod setting: value}}``. ``job``: a
@@ -140,6 +144,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
 
 def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None = None) -> dict:
     from ..job import Job, load_job
+    from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE
     from .reference import single_device_step
     from .sharded import route_embedding_layers
 
@@ -147,19 +152,51 @@ def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface
     model = job.build_model()
     route_embedding_layers(model)   # as the runtime's model reads its tables (module docstring)
     step = single_device_step(job, model, job.make_optimizer())
+    times, link = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, interface, "calibrate_compute")
+    del model, step
+    baselines = {}
+    # the Horovod baselines run the model as Keras builds it; with no sparse gradient that is
+    # the runtime's program, whose figure stands for theirs (module docstring)
+    for key, sparse in ((PLAIN_HOROVOD, dict(deduplicate_sparse=False)), (SPARSE_AS_DENSE, dict(densify_sparse=True))):
+        model = job.build_model()
+        if key == PLAIN_HOROVOD and not _has_sparse_gradients(job, model, hvd):
+            break
+        step = single_device_step(job, model, job.make_optimizer(), **sparse)
+        seconds, _ = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, None, f"calibrate_compute_{key}")
+        baselines[key] = statistics.median(seconds)
+        del model, step
+    return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times, "link": link,
+            "baselines": baselines}
+
+
+def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None,
+                 tag: str) -> tuple[list[float], dict | None]:
+    """Seconds of each of ``compute_steps`` steps of ``step`` on this rank's shard, every rank
+    at once after a barrier (``warmup_steps`` untimed first), and the link read around them."""
     batches = iter(job.dataset(hvd.rank(), hvd.size()))
     for _ in range(warmup_steps):
         x, y = next(batches)
         float(step(x, y))
     timed = [next(batches) for _ in range(compute_steps)]
-    barrier("calibrate_compute")
+    barrier(tag)
     link = _LinkReading(hvd, interface)
     times = []
     for x, y in timed:
         start = time.perf_counter()
         float(step(x, y))
         times.append(time.perf_counter() - start)
-    return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times, "link": link.done()}
+    return times, link.done()
+
+
+def _has_sparse_gradients(job, model, hvd) -> bool:
+    """Whether one gradient of ``model`` on this rank's first batch holds ``IndexedSlices``
+    (the same on every rank: the same model)."""
+    import tensorflow as tf
+
+    x, y = next(iter(job.dataset(hvd.rank(), hvd.size())))
+    with tf.GradientTape() as tape:
+        loss = job.loss_value(model, x, y, training=False)
+    return any(isinstance(g, tf.IndexedSlices) for g in tape.gradient(loss, model.trainable_variables))
 
 
 class _LinkReading:

@@ -35,9 +35,13 @@ def train_single_device(job: Job, steps: int, batch_size: int | None = None, ret
     return weights, losses
 
 
-def single_device_step(job: Job, model, optimizer, deduplicate_sparse: bool = True):
+def single_device_step(job: Job, model, optimizer, deduplicate_sparse: bool = True, densify_sparse: bool = False):
     """``step(x, y) -> loss``: one single-device training step of ``model`` (forward, backward,
-    optimizer update; no communication) as a ``tf.function``. The optimizer is built here."""
+    optimizer update; no communication) as a ``tf.function``. The optimizer is built here.
+    ``densify_sparse``: ``IndexedSlices`` gradients become dense tensors before the optimizer
+    (as Horovod's ``sparse_as_dense`` hands them to it); otherwise ``deduplicate_sparse`` says
+    whether their repeated rows are summed first (the runtime) or applied as they come (plain
+    Horovod)."""
     variables = list(model.trainable_variables)
     optimizer.build(variables)
 
@@ -46,7 +50,9 @@ def single_device_step(job: Job, model, optimizer, deduplicate_sparse: bool = Tr
         with tf.GradientTape() as tape:
             loss = job.loss_value(model, x, y, training=True)
         grads = tape.gradient(loss, variables)
-        if deduplicate_sparse:
+        if densify_sparse:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        elif deduplicate_sparse:
             grads = [deduplicate(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
         return loss
