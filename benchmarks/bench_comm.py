@@ -309,19 +309,13 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
             "configs": results}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--workloads", nargs="+", default=["lm", "cnn"], choices=sorted(WORKLOADS))
-    parser.add_argument("--ranks", nargs="*", type=int, default=[2, 4], help="loopback rank counts (one machine)")
-    parser.add_argument("--configs", nargs="+", default=list(ALL_CONFIGS), choices=ALL_CONFIGS)
-    parser.add_argument("--network", nargs="*", default=["2x2@1Gbit/s", "2x2@100Mbit/s", "4x2@1Gbit/s"],
-                        help="emulated networks MACHINESxWORKERS@BANDWIDTH (none: skip)")
-    parser.add_argument("--network-configs", nargs="+", default=["horovod", "hybrid"], choices=ALL_CONFIGS)
-    parser.add_argument("--warmup", type=int, default=10,
+def add_launch_options(parser, warmup: int, steps: int) -> None:
+    """The options :func:`run_setting` reads, for this benchmark and those that launch through
+    it (``bench_predict.py``), with their own schedule defaults."""
+    parser.add_argument("--warmup", type=int, default=warmup,
                         help="untimed steps before the windows (as Horovod's own synthetic benchmarks: "
                              "a configuration's first steps run slower while its allocations settle)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed window")
+    parser.add_argument("--steps", type=int, default=steps, help="steps per timed window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
     parser.add_argument("--sad-steps", type=int, default=2,
                         help="steps per window (after 1 warm-up step) for sparse_as_dense, whose densified "
@@ -333,6 +327,18 @@ def main(argv=None) -> int:
                         help="once Horovod has started, bind each rank to core (rank mod cores), every "
                              "configuration alike (an experiment on the emulated clusters' placement: see "
                              "benchmarks/README.md)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--workloads", nargs="+", default=["lm", "cnn"], choices=sorted(WORKLOADS))
+    parser.add_argument("--ranks", nargs="*", type=int, default=[2, 4], help="loopback rank counts (one machine)")
+    parser.add_argument("--configs", nargs="+", default=list(ALL_CONFIGS), choices=ALL_CONFIGS)
+    parser.add_argument("--network", nargs="*", default=["2x2@1Gbit/s", "2x2@100Mbit/s", "4x2@1Gbit/s"],
+                        help="emulated networks MACHINESxWORKERS@BANDWIDTH (none: skip)")
+    parser.add_argument("--network-configs", nargs="+", default=["horovod", "hybrid"], choices=ALL_CONFIGS)
+    add_launch_options(parser, warmup=10, steps=10)
     parser.add_argument("--quick", action="store_true", help="tiny workloads: check the harness in a minute")
     parser.add_argument("--invocations", type=int, default=1,
                         help="run the whole benchmark this many times as separate processes; figures are "

@@ -237,7 +237,7 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
             "prediction": prediction, "run": run, "comparison": comparison}
 
 
-def main(argv=None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=sorted(WORKLOADS))
@@ -249,16 +249,15 @@ def main(argv=None) -> int:
     parser.add_argument("--calibration", help="a calibration.json; used for the settings of its cluster shape")
     parser.add_argument("--calibrate", action="store_true", help="calibrate every setting first with px.calibrate")
     parser.add_argument("--quick", action="store_true", help="tiny workloads, loop2 and 2x2@1Gbit/s: the harness")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5, help="steps per timed window")
-    parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
-    parser.add_argument("--sad-steps", type=int, default=2)
-    parser.add_argument("--profile-steps", type=int, default=10)
-    parser.add_argument("--timeout", type=float, default=300)
+    bench_comm.add_launch_options(parser, warmup=5, steps=5)
     parser.add_argument("--json", metavar="PATH", help="write every prediction and run here")
     parser.add_argument("--markdown", metavar="PATH", help="write the table here")
     parser.add_argument("--workdir")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = make_parser().parse_args(argv)
     networks = list(args.networks or (QUICK_NETWORKS if args.quick else DEFAULT_NETWORKS))
     networks = list(FULL_NETWORKS) if networks == ["all"] else networks
     configs = list(args.configs or (QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS))

@@ -61,3 +61,18 @@ def test_repeated_invocations_keep_rank_counts_apart(monkeypatch):
     assert two["ar"]["vs_horovod"] == dict(median=1.1, min=1.0, max=1.1, runs=3)
     assert four["ar"]["vs_horovod"]["median"] == pytest.approx(1.05) and four["ar"]["vs_horovod"]["runs"] == 3
     assert four["horovod"]["steps_per_s"] == dict(median=19.0, min=18.0, max=20.0, runs=3)
+
+
+def test_bench_predict_gives_the_launch_every_option_it_reads():
+    """``bench_predict`` runs its settings through ``bench_comm.run_setting`` with its own
+    parsed options: every ``args.NAME`` that run_setting reads must be among them (a new
+    ``--bind-cores`` once crashed every bench_predict setting before its first launch)."""
+    import inspect
+    import re
+
+    import bench_predict
+
+    read = set(re.findall(r"\bargs\.(\w+)", inspect.getsource(bench_comm.run_setting)))
+    assert read >= {"bind_cores", "steps", "timeout"}, read
+    parsed = vars(bench_predict.make_parser().parse_args([]))
+    assert read <= set(parsed), sorted(read - set(parsed))
