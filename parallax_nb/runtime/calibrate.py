@@ -85,10 +85,10 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
                     compute_steps: int = COMPUTE_STEPS) -> dict:
     """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
     "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
-    "compute": {"model", "median_step_s", "steps_s", "baselines": {baseline key: median step s}} or None, "link" and "busy_link":
-    {"bytes", "packets", "seconds"} or None, "link_per_call": {"op/scope": [(bytes, link bytes,
-    link packets) per call, ...]} (local rank 0 with a link to read, else {}), "horovod_env":
-    {Horovod setting: value}}``. ``job``: a
+    "compute": {"model", "median_step_s", "steps_s", "baselines": {baseline key: median step s}}
+    or None, "link" and "busy_link": {"bytes", "packets", "seconds"} or None, "link_per_call":
+    {"op/scope": [(bytes, link bytes, link packets) per call, ...]} (local rank 0 with a link to
+    read, else {}), "horovod_env": {Horovod setting: value}}``. ``job``: a
     :class:`~parallax_nb.job.Job` or a ``module:name`` spec."""
     import os
 
@@ -154,17 +154,19 @@ def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface
     step = single_device_step(job, model, job.make_optimizer())
     times, link = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, interface, "calibrate_compute")
     del model, step
-    baselines = {}
     # the Horovod baselines run the model as Keras builds it; with no sparse gradient that is
     # the runtime's program, whose figure stands for theirs (module docstring)
-    for key, sparse in ((PLAIN_HOROVOD, dict(deduplicate_sparse=False)), (SPARSE_AS_DENSE, dict(densify_sparse=True))):
-        model = job.build_model()
-        if key == PLAIN_HOROVOD and not _has_sparse_gradients(job, model, hvd):
-            break
-        step = single_device_step(job, model, job.make_optimizer(), **sparse)
-        seconds, _ = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, None, f"calibrate_compute_{key}")
-        baselines[key] = statistics.median(seconds)
-        del model, step
+    baselines = {}
+    model = job.build_model()
+    if _has_sparse_gradients(job, model, hvd):
+        for key, sparse in ((PLAIN_HOROVOD, dict(deduplicate_sparse=False)),
+                            (SPARSE_AS_DENSE, dict(densify_sparse=True))):
+            model = model if model is not None else job.build_model()
+            step = single_device_step(job, model, job.make_optimizer(), **sparse)
+            seconds, _ = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, None,
+                                      f"calibrate_compute_{key}")
+            baselines[key] = statistics.median(seconds)
+            model = step = None   # a fresh model per baseline: each starts from unwritten tables
     return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times, "link": link,
             "baselines": baselines}
 
