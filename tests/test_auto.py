@@ -199,10 +199,19 @@ def test_the_horovod_baselines_are_charged_their_own_calibrated_compute():
     assert older[PLAIN_HOROVOD].compute_time_s == 0.05
     for key, e in older.items():
         if key in (PLAIN_HOROVOD, SPARSE_AS_DENSE):
-            assert e.calibration.endswith("not the model as Keras builds it; calibrate again to measure the "
-                                          "baseline's own"), e.calibration
+            assert e.calibration.endswith("; Horovod baselines' compute: parallax_nb's model (tables read by "
+                                          "row), not the model as Keras builds it; calibrate again to measure "
+                                          "theirs"), e.calibration
         else:
             assert "Keras" not in e.calibration
+    # the planner says it once, after the baselines it concerns, not in the plan's own basis
+    from parallax_nb.widgets.planner_view import render_baselines, render_summary
+
+    for cal, said in ((calibration_2x2(compute_s=0.05), 1),
+                      (calibration_2x2(compute_s=0.05, baseline_compute_s={PLAIN_HOROVOD: 0.08}), 0)):
+        planner = make_planner(prof, machines=2, workers_per_machine=2, calibration=cal)
+        assert render_baselines(planner).count("Horovod baselines' compute: parallax_nb's model") == said
+        assert "Horovod baselines'" not in render_summary(planner)
 
 
 def test_a_calibration_changes_what_auto_chooses():

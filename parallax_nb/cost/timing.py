@@ -77,8 +77,8 @@ def time_basis(profile: Profile, calibration: Calibration, label: str | None = N
     if calibration.measured and calibration.compute_for(profile.model_name) is None:
         return f"{calibration.label}; compute: one-device profile, not measured on these ranks"
     if calibration.measured and label in KERAS_BUILT and not calibration.baseline_compute_known(profile.model_name):
-        return (f"{calibration.label}; compute: parallax_nb's model (its tables read by row), not the model as "
-                f"Keras builds it; calibrate again to measure the baseline's own")
+        return (f"{calibration.label}; Horovod baselines' compute: parallax_nb's model (tables read by row), "
+                f"not the model as Keras builds it; calibrate again to measure theirs")
     return calibration.label
 
 

@@ -148,9 +148,16 @@ def render_explanations(planner: Planner) -> str:
 
 def render_baselines(planner: Planner) -> str:
     """The baselines a user would otherwise run, in words: they cannot be chosen here."""
-    parts = [f"{labels.text(key)} {_ms(planner.estimates[key].step_time_s)}"
-             for key in REFERENCE_BASELINES if key in planner.estimates]
-    return style.note("Not offered here, for comparison (estimated step time): " + ", ".join(parts) + ".")
+    shown = [key for key in REFERENCE_BASELINES if key in planner.estimates]
+    parts = [f"{labels.text(key)} {_ms(planner.estimates[key].step_time_s)}" for key in shown]
+    # what a baseline's time rests on beyond the plan's own (a calibration from before the
+    # baselines' compute was measured): said once, after the figures
+    basis = planner.calibration_label
+    extra = sorted({planner.estimates[key].calibration[len(basis):].lstrip("; ") for key in shown
+                    if planner.estimates[key].calibration.startswith(basis)
+                    and planner.estimates[key].calibration != basis})
+    said = f" ({'; '.join(extra)})" if extra else ""
+    return style.note("Not offered here, for comparison (estimated step time): " + ", ".join(parts) + said + ".")
 
 
 def largest(table, limit: int):
