@@ -92,6 +92,10 @@ class VariableProfile:
     of a step share it, so rows drawn from the state, like sampled candidates, count once):
     what a machine of G workers sends after local aggregation (G = 1..8). ``grad_bytes_per_step`` is what one worker's gradient
     occupies: values plus int64 indices for a sparse variable, the whole tensor for a dense one.
+    ``lookup_shared_with`` names the sparse variable this one is looked up together with, at
+    the same ids in one :func:`parallax_nb.ops.embedding_lookups` call (the sampled softmax's
+    biases with its weights): with both on parameter servers the runtime serves them in one
+    exchange, whose ids count once. Empty for every other variable.
     """
 
     name: str
@@ -106,9 +110,11 @@ class VariableProfile:
     alpha_max: float
     grad_bytes_per_step: float
     union_rows_by_workers: tuple[float, ...] = ()
+    lookup_shared_with: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "lookup_shared_with", str(self.lookup_shared_with or ""))
         object.__setattr__(self, "kind", Kind(_enum_value(self.kind)))
         object.__setattr__(self, "union_rows_by_workers", tuple(float(u) for u in self.union_rows_by_workers))
 
@@ -151,7 +157,7 @@ class VariableProfile:
     @classmethod
     def from_dict(cls, d: dict) -> "VariableProfile":
         names = {f.name for f in fields(cls)}
-        missing = names - {"union_rows_by_workers"} - set(d)
+        missing = names - {"union_rows_by_workers", "lookup_shared_with"} - set(d)
         if missing:
             raise ProfileError(f"variable entry {d.get('name', '?')!r} lacks fields {sorted(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})
@@ -171,6 +177,13 @@ class Profile:
 
     def __post_init__(self):
         object.__setattr__(self, "variables", tuple(self.variables))
+        sparse = {v.name for v in self.variables if v.is_sparse}
+        for v in self.variables:
+            if v.lookup_shared_with and (not v.is_sparse or v.lookup_shared_with not in sparse
+                                         or v.lookup_shared_with == v.name):
+                raise ProfileError(f"variable {v.name!r} is said to be looked up together with "
+                                   f"{v.lookup_shared_with!r}, which is not another sparse variable of this profile",
+                                   hint="profile the job again: px.profile(job)")
 
     def __getitem__(self, name: str) -> VariableProfile:
         for v in self.variables:

@@ -45,7 +45,9 @@ def run_case(case: dict) -> dict:
     out = {"rank": trainer.rank, "storage": storage, "summary": result.summary(), "wall_s": time.perf_counter() - start,
            "losses": [r.loss for r in result.history], "checkpoints": result.checkpoints,
            "variables": result.variables, "local_aggregation": result.local_aggregation,
-           "placement_at_build": placement_at_build}
+           "placement_at_build": placement_at_build,
+           "collectives": {f"{m.value}/{k.value}": [(c.op, c.count, c.participants) for c in calls]
+                           for (m, k), calls in trainer.exchange.collectives().items() if calls}}
     if trainer.rank == 0:
         out["weights"] = result.weights
     return out

@@ -65,3 +65,64 @@ def test_estimates_charge_each_variable_its_entry_and_baselines_their_own():
     one_machine, eight = step_time_curve(prof, cluster, TF_PS, machines=[1, 8])
     assert one_machine[1] > prof.step_time_s   # one machine's 2 ranks still exchange, in shared memory
     assert eight[1] > one_machine[1]
+
+
+def test_a_variable_looked_up_with_another_rides_its_exchange_under_ps():
+    """softmax_b, looked up at softmax_w's ids in one call: under PS the runtime sends those
+    ids once and both variables' rows in the same three alltoalls. softmax_b's entry keeps
+    its rows and their gradients (handed to calls it does not issue: count 0) and drops its
+    ids; TensorFlow's PS and the asynchronous PS still serve it on its own."""
+    from dataclasses import replace
+
+    from parallax_nb.cost.methods import ps_sparse_alone
+
+    for cluster in (ClusterSpec(machines=4, workers_per_machine=1), ClusterSpec(machines=4, workers_per_machine=2)):
+        alone = sparse_var("softmax_b", rows=100_000, width=1, unions=[1000, 1900])
+        rider = replace(alone, lookup_shared_with="softmax_w")
+        own, rides = ps_sparse_alone(alone, cluster), METHOD_COSTS[(Method.PS, Kind.SPARSE)](rider, cluster)
+        assert METHOD_COSTS[(Method.PS, Kind.SPARSE)](alone, cluster) == own
+        assert own.index_bytes_per_step > 0 and own.messages_per_step > 0
+        assert rides.bytes_per_step == pytest.approx(own.bytes_per_step - own.index_bytes_per_step)
+        assert rides.index_bytes_per_step == 0 and rides.messages_per_step == 0
+        assert [c.count for c in rides.collectives] == [0] * len(own.collectives)
+        assert [c.participants for c in rides.collectives] == [c.participants for c in own.collectives]
+        values = 2 * rider.alpha_for_workers(cluster.workers_per_machine) * rider.size_bytes  # rows, gradients
+        assert sum(c.handed_bytes for c in rides.collectives) == pytest.approx(
+            values * (1 if cluster.workers_per_machine == 1 else 1 + 1 / cluster.workers_per_machine))
+        assert variable_cost(rider, cluster).bytes_for(TF_PS) == variable_cost(alone, cluster).bytes_for(TF_PS)
+        assert METHOD_COSTS[(ASYNC_PS, Kind.SPARSE)](rider, cluster) == METHOD_COSTS[(ASYNC_PS, Kind.SPARSE)](alone,
+                                                                                                             cluster)
+
+
+def test_a_plan_with_lookups_made_together_issues_one_exchange_for_them():
+    """The LM-shaped profile with softmax_b looked up with softmax_w: HYBRID's step issues the
+    embedding's and the softmax's three alltoalls (6), plus the fused allreduce; without the
+    shared lookup it would be 9."""
+    from dataclasses import replace
+
+    prof = lm_profile()
+    shared = replace(prof, variables=tuple(replace(v, lookup_shared_with="softmax_w") if v.name == "softmax_b" else v
+                                           for v in prof.variables))
+    cluster = ClusterSpec(machines=4, workers_per_machine=1)
+    apart, together = (estimate(p, make_plan(p, cluster, "hybrid")) for p in (prof, shared))
+    assert apart.collective_calls_per_step == 10 and together.collective_calls_per_step == 7
+    assert together.comm_time_s < apart.comm_time_s
+    assert together.bytes_per_machine_per_step == pytest.approx(
+        apart.bytes_per_machine_per_step - variable_cost(prof["softmax_b"], cluster).cost_of(Method.PS).index_bytes_per_step)
+
+
+def test_a_plan_that_splits_a_lookup_prices_the_ps_variable_with_its_own_exchange():
+    """softmax_b on PS with softmax_w on AR: nothing to ride, so softmax_b issues its own three
+    alltoalls and sends its own ids; the estimate is the one made without the shared lookup."""
+    from dataclasses import replace
+
+    prof = lm_profile()
+    shared = replace(prof, variables=tuple(replace(v, lookup_shared_with="softmax_w") if v.name == "softmax_b" else v
+                                           for v in prof.variables))
+    cluster = ClusterSpec(machines=4, workers_per_machine=2)
+    split = make_plan(prof, cluster, "hybrid").with_methods({"softmax_w": "ar"})
+    apart, together = estimate(prof, split), estimate(shared, split)
+    assert together.collective_calls_per_step == apart.collective_calls_per_step
+    assert together.bytes_per_machine_per_step == pytest.approx(apart.bytes_per_machine_per_step)
+    assert together.step_time_s == pytest.approx(apart.step_time_s)
+    assert together.method_bytes_per_machine_per_step == pytest.approx(apart.method_bytes_per_machine_per_step)

@@ -139,6 +139,25 @@ def test_json_round_trip(lm, tmp_path):
     assert "alpha_mean" in by_name["softmax/softmax_w"]
 
 
+def test_lookups_made_together_are_recorded(lm, tmp_path):
+    """The sampled softmax looks its weights and biases up at the same ids in one
+    ``embedding_lookups`` call: the profile says so (the runtime serves them in one exchange).
+    A profile written before the field loads without it; one naming a variable that is not
+    another sparse variable of the profile is refused, naming both."""
+    _, prof = lm
+    assert {v.name: v.lookup_shared_with for v in prof.variables if v.lookup_shared_with} == {
+        "softmax/softmax_b": "softmax/softmax_w"}
+    data = json.loads(prof.to_json())
+    for v in data["variables"]:
+        del v["lookup_shared_with"]
+    assert all(not v.lookup_shared_with for v in Profile.from_dict(data).variables)
+    for bad in ("softmax/softmax_x", "lstm/lstm_cell/kernel", "softmax/softmax_b"):
+        data = json.loads(prof.to_json())
+        next(v for v in data["variables"] if v["name"] == "softmax/softmax_b")["lookup_shared_with"] = bad
+        with pytest.raises(ProfileError, match=f"'softmax/softmax_b' is said to be looked up together with '{bad}'"):
+            Profile.from_dict(data)
+
+
 def test_fewer_steps_than_workers_measures_only_what_it_can():
     from parallax_nb.profile import profile_job
 

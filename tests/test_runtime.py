@@ -215,6 +215,44 @@ def test_plan_methods_are_executed(two_rank_runs):
                 assert info["method"] == ("ps" if info["kind"] == "sparse" else "ar"), (name, info)
 
 
+def _priced_ps_sparse_calls(profile, cluster) -> list:
+    """The cost model's PS sparse calls per step for ``profile`` on ``cluster``, as the runtime lists them."""
+    from parallax_nb.cost import variable_cost
+    from parallax_nb.types import Kind, Method
+
+    counts: dict = {}
+    for v in profile.variables:
+        if v.kind is Kind.SPARSE:
+            for c in variable_cost(v, cluster).cost_of(Method.PS).collectives:
+                counts[(c.op, c.participants)] = counts.get((c.op, c.participants), 0) + c.count
+    return sorted((op, n, scope) for (op, scope), n in counts.items())
+
+
+def test_lookups_made_together_are_one_exchange_as_priced(two_rank_runs, local_aggregation_runs):
+    """The sampled softmax looks its weights and biases up at the same ids: the runtime serves
+    both in one exchange (ids once, rows side by side), so the LM's PS lookups per step are
+    the embedding's and the softmax's, 3 alltoalls each (with local aggregation, 3 across
+    machines and 3 inside). The cost model prices the same calls from the profile."""
+    from parallax_nb.profile import profile_job
+    from parallax_nb.types import ClusterSpec
+
+    profile = profile_job(runtime_cases.make_job("lm", "sgd"), steps=2, warmup=1)
+    assert profile["softmax/softmax_b"].lookup_shared_with == "softmax/softmax_w"
+    flat = _priced_ps_sparse_calls(profile, ClusterSpec(2, 1))   # the 2-rank runs: flat collectives
+    two_level = _priced_ps_sparse_calls(profile, ClusterSpec(LA_MACHINES, LA_WORKERS, local_aggregation=True))
+    assert flat == [("alltoall", 6, "all")]
+    assert two_level == [("alltoall", 6, "cross"), ("alltoall", 6, "machine")]
+    checked = 0
+    for runs, priced in ((two_rank_runs, flat), (local_aggregation_runs, two_level)):
+        cases, per_rank = runs
+        for i, case in enumerate(cases):
+            if case["workload"] == "lm" and case["architecture"] in ("ps", "hybrid") and not case.get("resume"):
+                for r in range(len(per_rank)):
+                    assert sorted(tuple(c) for c in per_rank[r][i]["collectives"]["ps/sparse"]) == priced, (case, r)
+                checked += 1
+    assert checked >= 3
+
+
 def _rows(case, name) -> int:
     job = runtime_cases.make_job(case["workload"], case["optimizer"])
     model = job.build_model()

@@ -55,7 +55,9 @@ ASSUMPTIONS = (
     "(n−g)/(n−1) for g participants per machine; on one machine nothing crosses the network.",
     "Message rounds (descriptive; time comes from the calls): ring allreduce 2·(n−1), all dense allreduces "
     "fused into one per step (Horovod's tensor fusion); sparse allgather 2·(n−1) per variable; sparse PS "
-    "3·(n−1) per variable (three alltoalls: ids, rows, gradients; one lookup per variable and step); dense PS "
+    "3·(n−1) per variable (three alltoalls: ids, rows, gradients; one lookup per variable and step; a variable "
+    "looked up together with another at the same ids, as the sampled softmax's biases with its weights, rides "
+    "that one's exchange: its rows travel in the same calls, no ids or calls of its own); dense PS "
     "2·(n−1) per variable.",
     "AUTO minimises the estimated step time: per variable AR or PS, and local aggregation on or off (both "
     "evaluated, the faster taken); it is never estimated slower than AR, PS or HYBRID, and says why for "

@@ -8,6 +8,8 @@ variable rides it. So the exact minimum is the better of two per-variable choice
 variable its faster method, paying the fused call's latency if any dense variable took AR;
 or dense variables kept off the fused call (PS), paying none. Then:
 
+* variables looked up together (the sampled softmax's weights and biases: one exchange under
+  PS, :func:`.methods.ps_sparse`) take one method, the one faster for them together;
 * AUTO takes the faster local-aggregation setting (ties: on, Parallax's default);
 * it compares itself with the whole-model plans AR, PS and HYBRID at that setting and takes
   one of them if its own estimate calls it faster (it cannot be, under this model, but the
@@ -55,9 +57,25 @@ def _variable_times(priced) -> tuple[list[float], list[float]]:
     return ar, ps
 
 
+def _lookup_groups(priced) -> dict[int, list[int]]:
+    """Variables looked up together (``VariableProfile.lookup_shared_with``): index of the
+    first -> indices of the others, in profile order."""
+    at = {v.name: i for i, v in enumerate(priced.profile.variables)}
+    groups: dict[int, list[int]] = {}
+    for i, v in enumerate(priced.profile.variables):
+        if v.lookup_shared_with:
+            groups.setdefault(at[v.lookup_shared_with], []).append(i)
+    return groups
+
+
 def _best_methods(priced) -> list[Method]:
     ar, ps = _variable_times(priced)
     free = [Method.PS if p < a else Method.AR for a, p in zip(ar, ps)]
+    for first, others in _lookup_groups(priced).items():   # one method for a lookup made together
+        group = [first, *others]
+        together = Method.PS if sum(ps[i] for i in group) < sum(ar[i] for i in group) else Method.AR
+        for i in group:
+            free[i] = together
     off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
     if off_fused == free:
         return free
@@ -72,14 +90,26 @@ def _comm(priced, methods) -> float:
 
 def _explain_variables(priced, methods) -> list[str]:
     ar, ps = _variable_times(priced)
+    names = [c.name for c in priced.costs]
+    group_of: dict[int, list[int]] = {}
+    for first, others in _lookup_groups(priced).items():
+        group = [first, *others]
+        a, p = sum(ar[i] for i in group), sum(ps[i] for i in group)
+        for i in group:
+            group_of[i] = group
+            ar[i], ps[i] = a, p
     lines = []
-    for cost, method, a, p in zip(priced.costs, methods, ar, ps):
+    for i, (cost, method, a, p) in enumerate(zip(priced.costs, methods, ar, ps)):
         other = Method.PS if method is Method.AR else Method.AR
         gain = (p - a) if method is Method.AR else (a - p)
+        together = ""
+        if i in group_of:
+            together = f"with {', '.join(names[j] for j in group_of[i] if j != i)} (looked up together), both "
         if gain > 0:
-            lines.append(f"{cost.name}: {method.value.upper()}, {duration(gain)}/step less than {other.value.upper()}")
+            lines.append(f"{cost.name}: {method.value.upper()}, {together}{duration(gain)}/step less than "
+                         f"{other.value.upper()}")
         elif gain == 0:
-            lines.append(f"{cost.name}: {method.value.upper()}, same time as {other.value.upper()}")
+            lines.append(f"{cost.name}: {method.value.upper()}, {together}same time as {other.value.upper()}")
         else:   # only a dense variable kept off the fused allreduce, whose latency it saves
             lines.append(f"{cost.name}: {method.value.upper()}, {duration(-gain)}/step more than "
                          f"{other.value.upper()} alone, but the step then needs no fused allreduce")

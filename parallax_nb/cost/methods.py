@@ -121,19 +121,39 @@ def ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     sends their gradients (``a1 m``). Two-level: inside the machine a gather of the ids
     (``G 8 a1 R``), the share of the requested rows and its reverse (``aG m`` each); across
     machines each rank asks for 1/G of the machine's union (``8 aG R / G``, ``aG m / G``,
-    ``aG m / G``)."""
+    ``aG m / G``).
+
+    A variable looked up together with another (``var.lookup_shared_with``: the same ids in
+    one ``embedding_lookups`` call) rides that one's exchange: the runtime sends the ids once
+    and both variables' rows side by side in the same calls. Its cost is then its rows and
+    their gradients only, handed to calls it does not issue (count 0, no rounds). This
+    assumes the other variable is on PS too, as every architecture and AUTO keep them (a
+    plan that splits them prices the rider without its own ids and calls)."""
+    return _ps_sparse(var, cluster, own_exchange=not var.lookup_shared_with)
+
+
+def ps_sparse_alone(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+    """:func:`ps_sparse` with an exchange of the variable's own, also for a variable looked
+    up together with another (TensorFlow's parameter servers serve each lookup on its own)."""
+    return _ps_sparse(var, cluster, own_exchange=True)
+
+
+def _ps_sparse(var: VariableProfile, cluster: ClusterSpec, own_exchange: bool) -> MethodCost:
     n, scale, alpha = _shape(var, cluster)
-    index = ps_index_bytes(alpha, var.rows, n) * scale
-    values, ids = alpha * var.size_bytes, INDEX_BYTES * alpha * var.rows
+    index = ps_index_bytes(alpha, var.rows, n) * scale if own_exchange else 0.0
+    values = alpha * var.size_bytes
+    ids = INDEX_BYTES * alpha * var.rows if own_exchange else 0.0
     if _two_level(cluster):
         G = cluster.workers_per_machine
-        one_ids = INDEX_BYTES * var.alpha_for_workers(1) * var.rows
+        one_ids = INDEX_BYTES * var.alpha_for_workers(1) * var.rows if own_exchange else 0.0
         collectives = (_calls("alltoall", "machine", G * one_ids, values, values),
                        _calls("alltoall", "cross", ids / G, values / G, values / G))
     else:
         collectives = (_calls("alltoall", "all", ids, values, values),)
+    if not own_exchange:
+        collectives = tuple(Collective(c.op, 0, c.participants, c.handed_bytes) for c in collectives)
     return MethodCost(ps_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                      _rounds("ps_sparse", n, cluster), collectives)
+                      _rounds("ps_sparse", n, cluster) if own_exchange else 0, collectives)
 
 
 #: sequential messages of one asynchronous step: a pull (request, reply) and a push
@@ -166,7 +186,7 @@ def async_ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Asynchronous PS, sparse: a worker pulls its unique rows and pushes their gradients on its
     own: ``4 a1 m (W-1)/W`` + ids ``2 * 2 * 8 a1 R (W-1)/W`` per worker (ids go with the pull and
     with the push), no local aggregation, no collective, no barrier."""
-    return _asynchronous(ps_sparse, var, cluster)
+    return _asynchronous(ps_sparse_alone, var, cluster)
 
 
 METHOD_COSTS: Mapping[tuple["Method | str", Kind], CostFunction] = {
@@ -232,7 +252,8 @@ def _without_local_aggregation(cost: CostFunction) -> CostFunction:
 BASELINES: Mapping[str, Mapping[Kind, CostFunction]] = {
     SPARSE_AS_DENSE: {Kind.DENSE: sparse_as_dense, Kind.SPARSE: sparse_as_dense},
     PLAIN_HOROVOD: {Kind.DENSE: horovod_dense, Kind.SPARSE: horovod_sparse},
-    TF_PS: {Kind.DENSE: _without_local_aggregation(ps_dense), Kind.SPARSE: _without_local_aggregation(ps_sparse)},
+    TF_PS: {Kind.DENSE: _without_local_aggregation(ps_dense),
+            Kind.SPARSE: _without_local_aggregation(ps_sparse_alone)},
 }
 
 

@@ -17,11 +17,14 @@ from typing import Sequence
 from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost)
 from .choice import choose_method
-from .methods import variable_cost
+from .methods import ps_sparse_alone, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
 from .timing import (KERAS_BUILT, CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
                      rides_fused_allreduce, time_basis, with_fused_call)
+
+#: the charged-cost key of a PS variable whose lookup partner is not on PS (:meth:`Pricing.charged_keys`)
+PS_ALONE = "ps (own exchange)"
 
 _PRICINGS: dict = {}
 _PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
@@ -81,15 +84,27 @@ class Pricing:
         self._methods: dict[Architecture, list[Method]] = {}
         self._totals: dict[tuple, Estimate] = {}
         self._sparse = [c.kind is Kind.SPARSE for c in self.costs]
+        at = {v.name: i for i, v in enumerate(profile.variables)}
+        self._shared = [(i, at[v.lookup_shared_with]) for i, v in enumerate(profile.variables) if v.lookup_shared_with]
+        self._alone: list | None = None
+
+    def charged(self, key: str) -> list:
+        """Per variable, its cost under ``key``: a Method value, a baseline key, or
+        :data:`PS_ALONE` (PS with an exchange of its own, :func:`.methods.ps_sparse_alone`)."""
+        if key != PS_ALONE:
+            return [c.cost_of(key) for c in self.costs]
+        if self._alone is None:
+            self._alone = [ps_sparse_alone(v, self.cluster) if v.lookup_shared_with else c.cost_of(Method.PS)
+                           for v, c in zip(self.profile.variables, self.costs)]
+        return self._alone
 
     def times(self, key: str) -> list[CallTime]:
-        """Per variable, the call time of its cost under ``key`` (a Method value or baseline key)."""
+        """Per variable, the call time of its cost under ``key`` (as :meth:`charged`)."""
         if key not in self._times:
             ranks = self.cluster.workers
             priced: dict[int, CallTime] = {}   # by cost entry: dense variables of one size share theirs
             times = []
-            for c in self.costs:
-                cost = c.cost_of(key)
+            for cost in self.charged(key):
                 time = priced.get(id(cost))
                 if time is None:
                     time = priced[id(cost)] = call_time(cost, self.calibration, ranks)
@@ -98,12 +113,21 @@ class Pricing:
         return self._times[key]
 
     def charged_keys(self, label: str, methods: Sequence[Method]) -> list[str]:
-        return [label] * len(self.costs) if label in BASELINE_KEYS else [m.value for m in methods]
+        """Per variable, the key of the cost it is charged: the baseline's, else its method's; a
+        variable on PS that is looked up together with one not on PS has its own exchange
+        (:data:`PS_ALONE`), which the table's PS entry (riding the other's) leaves out."""
+        if label in BASELINE_KEYS:
+            return [label] * len(self.costs)
+        keys = [m.value for m in methods]
+        for i, first in self._shared:
+            if methods[i] is Method.PS and methods[first] is not Method.PS:
+                keys[i] = PS_ALONE
+        return keys
 
     def column(self, key: str) -> "_Column":
         """What each variable adds to a step's totals when charged ``key``'s cost."""
         if key not in self._columns:
-            self._columns[key] = _Column([c.cost_of(key) for c in self.costs], self.times(key), self._parts)
+            self._columns[key] = _Column(self.charged(key), self.times(key), self._parts)
         return self._columns[key]
 
     def _parts(self, cost) -> tuple:
@@ -136,7 +160,10 @@ class Pricing:
         index = sum(picked.values("index"))
         sparse = sum([b if s else 0.0 for b, s in zip(bytes_, self._sparse)])
         dense = sum([0.0 if s else b for b, s in zip(bytes_, self._sparse)])
-        by_method = {key: sum([picked.columns[key].bytes[i] for i in at]) for key, at in picked.groups.items()}
+        by_method: dict[str, float] = {}
+        for key, at in picked.groups.items():
+            method = Method.PS.value if key == PS_ALONE else key
+            by_method[method] = by_method.get(method, 0.0) + sum([picked.columns[key].bytes[i] for i in at])
         fused_allreduce = any(picked.values("fused"))
         messages = sum(picked.values("messages"))
         if fused_allreduce and cluster.machines > 1:

@@ -176,7 +176,8 @@ def payload_shares(cost: MethodCost, cluster: ClusterSpec) -> list[tuple[str, fl
     that crosses machines, [] when none does or nothing moves."""
     from ..calibration import link_factor
 
-    crossing = [c for c in cost.collectives if c.participants != "machine" and c.count > 0]
+    # a call counted 0 times carries bytes of a variable served in another's exchange
+    crossing = [c for c in cost.collectives if c.participants != "machine" and (c.count > 0 or c.handed_bytes > 0)]
     if cost.bytes_per_step <= 0 or not crossing:
         return []
     weights = [c.handed_bytes * link_factor(c.op, c.participants, cluster.machines, cluster.workers_per_machine)

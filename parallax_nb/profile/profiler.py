@@ -28,7 +28,7 @@ import math
 import platform
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -49,17 +49,43 @@ def _check_count(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict):
+class _SharedLookups:
+    """A lookup router that serves nothing (every lookup stays a local ``tf.gather``) and
+    records, per variable, the first other variable looked up at the same ids and dtype in one
+    :func:`parallax_nb.ops.embedding_lookups` call (``VariableProfile.lookup_shared_with``)."""
+
+    def __init__(self):
+        self.shared_with: dict[str, str] = {}
+
+    def lookup(self, params, ids):
+        return None
+
+    def lookup_many(self, pairs):
+        from ..ops import variable_path
+
+        first: dict[tuple, str] = {}
+        for params, ids in pairs:
+            name = variable_path(params)
+            leader = first.setdefault((id(ids), str(getattr(params, "dtype", ""))), name)
+            if leader != name:
+                self.shared_with.setdefault(name, leader)
+        return [None] * len(pairs)
+
+
+def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict, shared: _SharedLookups):
     """A ``tf.function`` training step returning ``(loss, {name: (unique_rows, index_count)})``.
 
     ``kinds`` is filled while tracing (once): ``"sparse"`` for an ``IndexedSlices`` gradient,
-    ``"dense"`` for a tensor, ``"none"`` for a variable the loss does not depend on.
+    ``"dense"`` for a tensor, ``"none"`` for a variable the loss does not depend on; and
+    ``shared`` records the lookups made together.
     """
     import tensorflow as tf
 
+    from ..ops import route_lookups
+
     @tf.function
     def train_step(x, y):
-        with tf.GradientTape() as tape:
+        with tf.GradientTape() as tape, route_lookups(shared):
             loss = job.loss_value(model, x, y)
         grads = tape.gradient(loss, variables)
         optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
@@ -194,6 +220,7 @@ class _Recording:
     unique_rows: dict = field(default_factory=dict)       # name -> [sorted unique row ids per step]
     index_counts: dict = field(default_factory=dict)      # name -> [gradient index length per step]
     windows: dict = field(default_factory=dict)           # name -> per step: [own rows, next batches' rows at its state]
+    shared: _SharedLookups = field(default_factory=_SharedLookups)   # lookups made together
     step_times_s: list = field(default_factory=list)
     steps_cpu_s: float = 0.0                              # process CPU time of the profiled steps
     window_rows_wall_s: float = 0.0                       # the untimed passes of the windows, their trace included
@@ -216,7 +243,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     rows_by_name = {n: (int(v.shape[0]) if len(v.shape) else 1) for n, v in zip(names, variables)}
     rec = _Recording()
     progress.phase("profile", "tracing the training step", done=0, total=warmup + steps)
-    train_step = _make_train_step(job, model, optimizer, variables, names, rec.kinds)
+    train_step = _make_train_step(job, model, optimizer, variables, names, rec.kinds, rec.shared)
     try:  # trace before timing anything: structure errors surface here, with their cause
         train_step = train_step.get_concrete_function(*first)
     except ParallaxError:
@@ -338,6 +365,9 @@ def _profile(job: Job, steps: int, warmup: int, max_workers: int) -> Profile:
                                                     rec.index_counts[name], max_workers, rec.windows[name]))
         else:
             profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
+    sparse = {p.name for p in profiles if p.is_sparse}
+    profiles = [replace(p, lookup_shared_with=rec.shared.shared_with[p.name])
+                if p.name in sparse and rec.shared.shared_with.get(p.name) in sparse else p for p in profiles]
     no_gradient = [n for n, kind in rec.kinds.items() if kind == "none"]
     environment = _environment(meter.method, warmup, steps, float(sum(rec.step_times_s)), no_gradient, placement)
     environment["profiled_steps_cpu_s"] = rec.steps_cpu_s

@@ -156,6 +156,11 @@ class CheckedLookups:
         return self.lookup_many([(params, ids)])[0]
 
     def lookup_many(self, pairs):
-        pairs = [(params, checked_ids(params, ids)) for params, ids in pairs]
+        # pairs at one ids object keep sharing one (checked against each of their tables), so
+        # that the router still sees them looked up together
+        checked: dict[int, object] = {}
+        for params, ids in pairs:
+            checked[id(ids)] = checked_ids(params, checked.get(id(ids), ids))
+        pairs = [(params, checked[id(ids)]) for params, ids in pairs]
         return [ops.local_gather(params, ids) if rows is None else rows
                 for rows, (params, ids) in zip(ops.routed(self.router, pairs), pairs)]
