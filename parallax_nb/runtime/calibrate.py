@@ -144,8 +144,8 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
 
 def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None = None) -> dict:
     from ..job import Job, load_job
-    from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE
-    from .reference import single_device_step
+    from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, Kind
+    from .reference import single_device_step, variable_kinds
     from .sharded import route_embedding_layers
 
     job = job if isinstance(job, Job) else load_job(job)
@@ -158,7 +158,7 @@ def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface
     # the runtime's program, whose figure stands for theirs (module docstring)
     baselines = {}
     model = job.build_model()
-    if _has_sparse_gradients(job, model, hvd):
+    if Kind.SPARSE in variable_kinds(job, model).values():
         for key, sparse in ((PLAIN_HOROVOD, dict(deduplicate_sparse=False)),
                             (SPARSE_AS_DENSE, dict(densify_sparse=True))):
             model = model if model is not None else job.build_model()
@@ -188,17 +188,6 @@ def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int,
         float(step(x, y))
         times.append(time.perf_counter() - start)
     return times, link.done()
-
-
-def _has_sparse_gradients(job, model, hvd) -> bool:
-    """Whether one gradient of ``model`` on this rank's first batch holds ``IndexedSlices``
-    (the same on every rank: the same model)."""
-    import tensorflow as tf
-
-    x, y = next(iter(job.dataset(hvd.rank(), hvd.size())))
-    with tf.GradientTape() as tape:
-        loss = job.loss_value(model, x, y, training=False)
-    return any(isinstance(g, tf.IndexedSlices) for g in tape.gradient(loss, model.trainable_variables))
 
 
 class _LinkReading:

@@ -60,13 +60,14 @@ def single_device_step(job: Job, model, optimizer, deduplicate_sparse: bool = Tr
     return step
 
 
-def variable_kinds(job: Job) -> dict:
-    """``{path: Kind}`` of the model's trainable variables from one single-device gradient:
-    sparse when the gradient is a ``tf.IndexedSlices`` (rows gathered), dense otherwise. Used to
-    plan without a profile (``parallax_nb.plan.plan_for_kinds``)."""
+def variable_kinds(job: Job, model=None) -> dict:
+    """``{path: Kind}`` of the trainable variables of ``model`` (default: a new one of the job)
+    from one single-device gradient: sparse when the gradient is a ``tf.IndexedSlices`` (rows
+    gathered), dense otherwise. Used to plan without a profile
+    (``parallax_nb.plan.plan_for_kinds``) and by a calibration."""
     from ..types import Kind
 
-    model = job.build_model()
+    model = job.build_model() if model is None else model
     x, y = next(iter(job.dataset(0, 1).take(1)))
     with tf.GradientTape() as tape:
         loss = job.loss_value(model, x, y, training=False)
