@@ -20,7 +20,7 @@ from .choice import choose_method
 from .methods import ps_sparse_alone, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import (KERAS_BUILT, CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
+from .timing import (CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
                      rides_fused_allreduce, time_basis, with_fused_call)
 
 #: the charged-cost key of a PS variable whose lookup partner is not on PS (:meth:`Pricing.charged_keys`)
@@ -76,7 +76,6 @@ class Pricing:
         self.cluster = cluster
         self.calibration = calibration_for(cluster, calibration)
         self.costs = list(costs) if costs is not None else variable_costs(profile, cluster)
-        self.compute_time_s = compute_time_s(profile, self.calibration)
         self._times: dict[str, list[CallTime]] = {}
         self._columns: dict[str, _Column] = {}
         self._cost_parts: dict[int, tuple] = {}
@@ -170,7 +169,7 @@ class Pricing:
             messages += rounds("allreduce", participants(cluster)[0])
         comm = with_fused_call(sum(picked.values("time")), sum(picked.values("latency")), sum(picked.values("calls")),
                                sum(picked.values("fused_bytes")), self.calibration)
-        compute = self.compute_time_s if label not in KERAS_BUILT else compute_time_s(profile, self.calibration, label)
+        compute = compute_time_s(profile, self.calibration, label)
         step = compute + comm.comm_time_s
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
                                   calls=picked.calls() if cluster.workers > 1 else {},

@@ -69,17 +69,23 @@ def compute_time_s(profile: Profile, calibration: Calibration, label: str | None
 
 
 def time_basis(profile: Profile, calibration: Calibration, label: str | None = None) -> str:
-    """What an estimate's time figures rest on: the calibration's label, and where a measured
-    calibration holds no compute for ``profile``'s model (taken without the job), that the
-    compute is the one-device profile's step, which ranks sharing cores or a device exceed;
-    for a Horovod baseline from a calibration that predates the baselines' own compute, that
-    the compute is the runtime's (tables read by row, not copied whole)."""
+    """What an estimate's time figures rest on: the calibration's label, then its
+    :func:`time_basis_notes`, joined by "; "."""
+    return "; ".join((calibration.label, *time_basis_notes(profile, calibration, label)))
+
+
+def time_basis_notes(profile: Profile, calibration: Calibration, label: str | None = None) -> tuple[str, ...]:
+    """What a measured calibration leaves to other figures: where it holds no compute for
+    ``profile``'s model (taken without the job), that the compute is the one-device profile's
+    step, which ranks sharing cores or a device exceed; for a Horovod baseline ``label`` from a
+    calibration that predates the baselines' own compute, that the compute is the runtime's
+    (tables read by row, not copied whole). Empty when nothing is."""
     if calibration.measured and calibration.compute_for(profile.model_name) is None:
-        return f"{calibration.label}; compute: one-device profile, not measured on these ranks"
+        return ("compute: one-device profile, not measured on these ranks",)
     if calibration.measured and label in KERAS_BUILT and not calibration.baseline_compute_known(profile.model_name):
-        return (f"{calibration.label}; Horovod baselines' compute: parallax_nb's model (tables read by row), "
-                f"not the model as Keras builds it; calibrate again to measure theirs")
-    return calibration.label
+        return ("Horovod baselines' compute: parallax_nb's model (tables read by row), not the model as Keras "
+                "builds it; calibrate again to measure theirs",)
+    return ()
 
 
 class CallTime(NamedTuple):

@@ -17,6 +17,7 @@ import contextlib
 import ipywidgets as widgets
 
 from .. import labels, svg
+from ..cost.timing import calibration_for, time_basis_notes
 from ..planner import Planner, describe_inputs
 from ..staleness import describe_bound
 from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, Method, format_bandwidth, format_bytes
@@ -152,10 +153,9 @@ def render_baselines(planner: Planner) -> str:
     parts = [f"{labels.text(key)} {_ms(planner.estimates[key].step_time_s)}" for key in shown]
     # what a baseline's time rests on beyond the plan's own (a calibration from before the
     # baselines' compute was measured): said once, after the figures
-    basis = planner.calibration_label
-    extra = sorted({planner.estimates[key].calibration[len(basis):].lstrip("; ") for key in shown
-                    if planner.estimates[key].calibration.startswith(basis)
-                    and planner.estimates[key].calibration != basis})
+    calibration = calibration_for(planner.estimate.cluster, planner.calibration)
+    own = set(time_basis_notes(planner.profile, calibration))
+    extra = sorted({note for key in shown for note in time_basis_notes(planner.profile, calibration, key)} - own)
     said = f" ({'; '.join(extra)})" if extra else ""
     return style.note("Not offered here, for comparison (estimated step time): " + ", ".join(parts) + said + ".")
 
