@@ -32,6 +32,10 @@ def test_auto_is_never_estimated_slower_and_says_why(lm_profile, machines, worke
         other = "PS" if plan.method(v.name) is Method.AR else "AR"
         line = next(e for e in plan.explanations if e.startswith(f"{v.name}: "))
         assert line.startswith(f"{v.name}: {plan.method(v.name).value.upper()}, ") and other in line, line
+    # the sampled softmax's weights and biases, looked up together, take one method and say so
+    assert plan.method("softmax/softmax_w") is plan.method("softmax/softmax_b")
+    together = [e for e in plan.explanations if "(looked up together), both" in e]
+    assert [e.split(":")[0] for e in together] == ["softmax/softmax_w", "softmax/softmax_b"], plan.explanations
     ests = compare_architectures(lm_profile, cluster)
     fastest_other = min(ests[a].step_time_s for a in (Architecture.AR, Architecture.PS, Architecture.HYBRID))
     assert ests[Architecture.AUTO].step_time_s <= fastest_other
