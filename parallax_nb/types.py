@@ -177,13 +177,13 @@ class Profile:
 
     def __post_init__(self):
         object.__setattr__(self, "variables", tuple(self.variables))
-        sparse = {v.name for v in self.variables if v.is_sparse}
+        # lookup_shared_with names the first variable of a lookup, a sparse one that names none
+        firsts = {v.name for v in self.variables if v.is_sparse and not v.lookup_shared_with}
         for v in self.variables:
-            if v.lookup_shared_with and (not v.is_sparse or v.lookup_shared_with not in sparse
-                                         or v.lookup_shared_with == v.name):
+            if v.lookup_shared_with and (not v.is_sparse or v.lookup_shared_with not in firsts):
                 raise ProfileError(f"variable {v.name!r} is said to be looked up together with "
-                                   f"{v.lookup_shared_with!r}, which is not another sparse variable of this profile",
-                                   hint="profile the job again: px.profile(job)")
+                                   f"{v.lookup_shared_with!r}, which is not another sparse variable of this profile "
+                                   f"looked up first", hint="profile the job again: px.profile(job)")
 
     def __getitem__(self, name: str) -> VariableProfile:
         for v in self.variables:

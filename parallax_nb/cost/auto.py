@@ -57,21 +57,10 @@ def _variable_times(priced) -> tuple[list[float], list[float]]:
     return ar, ps
 
 
-def _lookup_groups(priced) -> dict[int, list[int]]:
-    """Variables looked up together (``VariableProfile.lookup_shared_with``): index of the
-    first -> indices of the others, in profile order."""
-    at = {v.name: i for i, v in enumerate(priced.profile.variables)}
-    groups: dict[int, list[int]] = {}
-    for i, v in enumerate(priced.profile.variables):
-        if v.lookup_shared_with:
-            groups.setdefault(at[v.lookup_shared_with], []).append(i)
-    return groups
-
-
 def _best_methods(priced) -> list[Method]:
     ar, ps = _variable_times(priced)
     free = [Method.PS if p < a else Method.AR for a, p in zip(ar, ps)]
-    for first, others in _lookup_groups(priced).items():   # one method for a lookup made together
+    for first, others in priced.lookup_groups.items():   # one method for a lookup made together
         group = [first, *others]
         together = Method.PS if sum(ps[i] for i in group) < sum(ar[i] for i in group) else Method.AR
         for i in group:
@@ -92,7 +81,7 @@ def _explain_variables(priced, methods) -> list[str]:
     ar, ps = _variable_times(priced)
     names = [c.name for c in priced.costs]
     group_of: dict[int, list[int]] = {}
-    for first, others in _lookup_groups(priced).items():
+    for first, others in priced.lookup_groups.items():
         group = [first, *others]
         a, p = sum(ar[i] for i in group), sum(ps[i] for i in group)
         for i in group:

@@ -84,7 +84,12 @@ class Pricing:
         self._totals: dict[tuple, Estimate] = {}
         self._sparse = [c.kind is Kind.SPARSE for c in self.costs]
         at = {v.name: i for i, v in enumerate(profile.variables)}
-        self._shared = [(i, at[v.lookup_shared_with]) for i, v in enumerate(profile.variables) if v.lookup_shared_with]
+        #: variables looked up together (``VariableProfile.lookup_shared_with``): index of the
+        #: first -> indices of the others, in profile order
+        self.lookup_groups: dict[int, list[int]] = {}
+        for i, v in enumerate(profile.variables):
+            if v.lookup_shared_with:
+                self.lookup_groups.setdefault(at[v.lookup_shared_with], []).append(i)
         self._alone: list | None = None
 
     def charged(self, key: str) -> list:
@@ -118,9 +123,10 @@ class Pricing:
         if label in BASELINE_KEYS:
             return [label] * len(self.costs)
         keys = [m.value for m in methods]
-        for i, first in self._shared:
-            if methods[i] is Method.PS and methods[first] is not Method.PS:
-                keys[i] = PS_ALONE
+        for first, others in self.lookup_groups.items():
+            for i in others:
+                if methods[i] is Method.PS and methods[first] is not Method.PS:
+                    keys[i] = PS_ALONE
         return keys
 
     def column(self, key: str) -> "_Column":
