@@ -389,6 +389,18 @@ class ClusterSpec:
                 f"local aggregation {'on' if self.local_aggregation else 'off'}")
 
 
+def row_owners(partitions: int, ranks: int):
+    """Which rank owns each row id of a PS variable split into ``partitions`` partitions over
+    ``ranks`` ranks, as a key: two variables' keys are equal exactly when every row id has the
+    same owner in both (the runtime then serves lookups of both at one ids tensor in one
+    exchange, and the cost model prices them so).
+
+    Row ``i`` lies in partition ``i mod P``, owned by rank ``(i mod P) mod N``: that is
+    ``i mod N`` whenever N divides P, and for any other P it differs from every other
+    count's owners at some id below ``max(P, P')``."""
+    return ranks if partitions % ranks == 0 else ("partitions", partitions)
+
+
 # ---------------------------------------------------------------------------------------------
 # Cost value types (computed by parallax_nb.cost; appended by the cost-model owner).
 #

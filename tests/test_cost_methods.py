@@ -126,3 +126,39 @@ def test_a_plan_that_splits_a_lookup_prices_the_ps_variable_with_its_own_exchang
     assert together.bytes_per_machine_per_step == pytest.approx(apart.bytes_per_machine_per_step)
     assert together.step_time_s == pytest.approx(apart.step_time_s)
     assert together.method_bytes_per_machine_per_step == pytest.approx(apart.method_bytes_per_machine_per_step)
+
+
+def test_partition_counts_that_give_a_row_other_owners_price_a_lookup_apart():
+    """The runtime serves softmax_w and softmax_b together only while every row id has the
+    same owner in both (``row_owners``). On 4 ranks, 4 and 8 partitions give every id the
+    owner ``id mod 4``: still one exchange. 4 and 6 do not (id 4: rank 0 against rank 0,
+    id 6: rank 2 against rank 0), so softmax_b is priced with its own exchange, as without
+    the shared lookup; so is a count the variable's rows cap (the runtime caps it too)."""
+    from dataclasses import replace
+
+    from parallax_nb.types import row_owners
+
+    assert row_owners(4, 4) == row_owners(8, 4) == row_owners(12, 4) != row_owners(6, 4)
+    assert row_owners(3, 2) != row_owners(5, 2) and row_owners(1, 2) != row_owners(3, 2)
+    assert row_owners(1, 1) == row_owners(7, 1)   # one rank owns everything
+    for a in range(1, 13):   # the key against the owners themselves, id by id
+        for b in range(1, 13):
+            same = all((i % a) % 4 == (i % b) % 4 for i in range(a * b))
+            assert (row_owners(a, 4) == row_owners(b, 4)) is same, (a, b)
+    prof = lm_profile()
+    shared = replace(prof, variables=tuple(replace(v, lookup_shared_with="softmax_w") if v.name == "softmax_b" else v
+                                           for v in prof.variables))
+    cluster = ClusterSpec(machines=4, workers_per_machine=1)
+    plan = make_plan(prof, cluster, "hybrid")
+    assert plan.partitions("softmax_w") == plan.partitions("softmax_b") == 4
+    together = estimate(shared, plan)
+    # 8 partitions, and 400,002 capped at the 50,000 rows: 4 divides both, the owners are id mod 4
+    for same_owners in ({"softmax_b": 8}, {"softmax_b": 400_002}):
+        assert estimate(shared, plan.with_methods({}, partitions=same_owners)) == together
+    for other_owners in ({"softmax_b": 6}, {"softmax_w": 2}):
+        split = plan.with_methods({}, partitions=other_owners)
+        alone, priced = estimate(prof, split), estimate(shared, split)
+        calls = priced.collective_calls_per_step
+        assert calls == alone.collective_calls_per_step == together.collective_calls_per_step + 3
+        assert priced.bytes_per_machine_per_step == pytest.approx(alone.bytes_per_machine_per_step)
+        assert priced.step_time_s == pytest.approx(alone.step_time_s)

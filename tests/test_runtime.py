@@ -32,6 +32,9 @@ ARCHITECTURES = ("ar", "ps", "hybrid")
 OPTIMIZERS = ("sgd", "adam")
 
 
+SOFTMAX_W, SOFTMAX_B = "softmax/softmax_w", "softmax/softmax_b"
+
+
 def _partitions(architecture: str) -> int:
     return 3 if architecture == "ps" else 2  # P = 3 on 2 ranks: one rank owns two partitions
 
@@ -63,6 +66,10 @@ def two_rank_runs(tmp_path_factory):
                 if (workload, architecture, optimizer) == ("lm", "hybrid", "adam"):
                     case.update(checkpoint_dir=str(ckpt / "full"), checkpoint_every=10)
                 cases.append(case)
+    # softmax weights in 2 partitions, biases in 3: some row ids have other owners, so the
+    # runtime serves the two lookups made together apart (test_lookups_made_together_...)
+    cases.append(dict(workload="lm", architecture="hybrid", optimizer="sgd", steps=STEPS,
+                      partitions={"embedding/embeddings": 2, SOFTMAX_W: 2, SOFTMAX_B: 3}))
     resumed = dict(workload="lm", architecture="hybrid", optimizer="adam", steps=STEPS, partitions=2,
                    checkpoint_dir=str(ckpt / "resumed"), resume=True,
                    copy_checkpoint=(str(ckpt / "full" / "ckpt-00000010"), str(ckpt / "resumed" / "ckpt-00000010")))
@@ -232,12 +239,15 @@ def test_lookups_made_together_are_one_exchange_as_priced(two_rank_runs, local_a
     """The sampled softmax looks its weights and biases up at the same ids: the runtime serves
     both in one exchange (ids once, rows side by side), so the LM's PS lookups per step are
     the embedding's and the softmax's, 3 alltoalls each (with local aggregation, 3 across
-    machines and 3 inside). The cost model prices the same calls from the profile."""
+    machines and 3 inside). The cost model prices the same calls from the profile. With
+    partition counts that give some row ids other owners (weights 2, biases 3 on 2 ranks)
+    the runtime serves the two apart, 3 alltoalls more, and the plan's estimate says so."""
+    from parallax_nb.cost import estimate
     from parallax_nb.profile import profile_job
     from parallax_nb.types import ClusterSpec
 
     profile = profile_job(runtime_cases.make_job("lm", "sgd"), steps=2, warmup=1)
-    assert profile["softmax/softmax_b"].lookup_shared_with == "softmax/softmax_w"
+    assert profile[SOFTMAX_B].lookup_shared_with == SOFTMAX_W
     flat = _priced_ps_sparse_calls(profile, ClusterSpec(2, 1))   # the 2-rank runs: flat collectives
     two_level = _priced_ps_sparse_calls(profile, ClusterSpec(LA_MACHINES, LA_WORKERS, local_aggregation=True))
     assert flat == [("alltoall", 6, "all")]
@@ -246,11 +256,21 @@ def test_lookups_made_together_are_one_exchange_as_priced(two_rank_runs, local_a
     for runs, priced in ((two_rank_runs, flat), (local_aggregation_runs, two_level)):
         cases, per_rank = runs
         for i, case in enumerate(cases):
+            if isinstance(case.get("partitions"), dict):
+                continue
             if case["workload"] == "lm" and case["architecture"] in ("ps", "hybrid") and not case.get("resume"):
                 for r in range(len(per_rank)):
                     assert sorted(tuple(c) for c in per_rank[r][i]["collectives"]["ps/sparse"]) == priced, (case, r)
                 checked += 1
     assert checked >= 3
+    cases, per_rank = two_rank_runs
+    i = next(i for i, case in enumerate(cases) if isinstance(case.get("partitions"), dict))
+    assert [per_rank[0][i]["variables"][n]["partitions"] for n in (SOFTMAX_W, SOFTMAX_B)] == [2, 3]
+    ran = {tuple(sorted(tuple(c) for c in per_rank[r][i]["collectives"]["ps/sparse"])) for r in range(len(per_rank))}
+    plan = runtime_cases.make_plan(runtime_cases.make_job("lm", "sgd"), "hybrid", cases[i]["partitions"])
+    apart, together = (estimate(profile, p, ClusterSpec(2, 1)).collective_calls_per_step
+                       for p in (plan, plan.with_methods({}, partitions={SOFTMAX_B: 2})))
+    assert ran == {(("alltoall", 9, "all"),)} and apart - together == 9 - 6
 
 
 def _rows(case, name) -> int:

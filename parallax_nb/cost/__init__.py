@@ -57,13 +57,14 @@ ASSUMPTIONS = (
     "fused into one per step (Horovod's tensor fusion); sparse allgather 2·(n−1) per variable; sparse PS "
     "3·(n−1) per variable (three alltoalls: ids, rows, gradients; one lookup per variable and step; a variable "
     "looked up together with another at the same ids, as the sampled softmax's biases with its weights, rides "
-    "that one's exchange: its rows travel in the same calls, no ids or calls of its own); dense PS "
-    "2·(n−1) per variable.",
+    "that one's exchange: its rows travel in the same calls, no ids or calls of its own, while both are on PS "
+    "and their partition counts give every row id the same owner in both (types.row_owners); otherwise each "
+    "has its own); dense PS 2·(n−1) per variable.",
     "AUTO minimises the estimated step time: per variable AR or PS, and local aggregation on or off (both "
     "evaluated, the faster taken); it is never estimated slower than AR, PS or HYBRID, and says why for "
     "each decision.",
-    "Partitions do not change bytes or calls in the model (rows spread evenly over the owners), so AUTO "
-    "leaves them at one per worker; the runtime's partition search measures their effect.",
+    "Apart from that rule, partitions do not change bytes or calls in the model (rows spread evenly over the "
+    "owners), so AUTO leaves them at one per worker; the runtime's partition search measures their effect.",
     "α was measured on the profiled batches; other batches may be more or less sparse.",
 )
 

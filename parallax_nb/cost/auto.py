@@ -100,7 +100,7 @@ def _explain_variables(priced, methods) -> list[str]:
         elif gain == 0:
             lines.append(f"{cost.name}: {method.value.upper()}, {together}same time as {other.value.upper()}")
         else:   # only a dense variable kept off the fused allreduce, whose latency it saves
-            lines.append(f"{cost.name}: {method.value.upper()}, {duration(-gain)}/step more than "
+            lines.append(f"{cost.name}: {method.value.upper()}, {together}{duration(-gain)}/step more than "
                          f"{other.value.upper()} alone, but the step then needs no fused allreduce")
     return lines
 

@@ -86,7 +86,7 @@ def estimate(profile: Profile, plan, cluster: ClusterSpec | None = None, calibra
     plan.validate_for(profile.names)
     priced = pricing(profile, cluster, calibration)
     own = priced.total(plan.architecture.value, [plan.method(c.name) for c in priced.costs],
-                       getattr(plan, "explanations", ()))
+                       getattr(plan, "explanations", ()), [plan.partitions(c.name) for c in priced.costs])
     return _with_speedups(own, priced.architecture(Architecture.AR), priced.architecture(Architecture.PS))
 
 
@@ -103,7 +103,7 @@ def estimate_executed(profile: Profile, executed, cluster: ClusterSpec, calibrat
                         hint="is the run from another model? Compare it with this model's profile")
     served = [v if r.kind is v.kind else replace(v, kind=r.kind) for v, r in zip(profile.variables, ran)]
     priced = Pricing(profile, cluster, calibration, costs=[variable_cost(v, cluster) for v in served])
-    own = priced.total(executed.architecture, [r.method for r in ran])
+    own = priced.total(executed.architecture, [r.method for r in ran], partitions=[r.partitions for r in ran])
     return _with_speedups(own, priced.architecture(Architecture.AR), priced.architecture(Architecture.PS))
 
 

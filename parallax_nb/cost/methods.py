@@ -127,11 +127,11 @@ def ps_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     one ``embedding_lookups`` call) rides that one's exchange: the runtime sends the ids once
     and both variables' rows side by side in the same calls. Its cost is then its rows and
     their gradients only, handed to calls it does not issue (count 0, no rounds). This
-    assumes the other variable is on PS too, as every architecture and AUTO keep them (an
-    estimate of a plan that splits them charges :func:`ps_sparse_alone` instead,
-    ``pricing.PS_ALONE``), and that every id has the same owner in both: one partition count
-    for both, as every plan parallax_nb makes and the partition search give them, or counts
-    that the ranks divide (the runtime serves the two apart otherwise)."""
+    holds while the other variable is on PS too and every id has the same owner in both
+    (:func:`~parallax_nb.types.row_owners`), as every architecture, AUTO and the partition
+    search keep them. An estimate of a plan that splits them, by method or by partition
+    counts, charges :func:`ps_sparse_alone` instead (``pricing.PS_ALONE``), as the runtime
+    then serves each in an exchange of its own."""
     return _ps_sparse(var, cluster, own_exchange=not var.lookup_shared_with)
 
 

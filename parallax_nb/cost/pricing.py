@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..errors import ConfigError
-from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost)
+from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost,
+                     row_owners)
 from .choice import choose_method
 from .methods import ps_sparse_alone, variable_cost
 from .link import predict_link_bytes
@@ -23,7 +24,8 @@ from .model import participants, rounds
 from .timing import (CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
                      rides_fused_allreduce, time_basis, with_fused_call)
 
-#: the charged-cost key of a PS variable whose lookup partner is not on PS (:meth:`Pricing.charged_keys`)
+#: the charged-cost key of a PS variable looked up together with one it is not served with: the
+#: other is not on PS, or their partitions give some row id other owners (:meth:`Pricing.charged_keys`)
 PS_ALONE = "ps (own exchange)"
 
 _PRICINGS: dict = {}
@@ -116,18 +118,35 @@ class Pricing:
             self._times[key] = times
         return self._times[key]
 
-    def charged_keys(self, label: str, methods: Sequence[Method]) -> list[str]:
+    def charged_keys(self, label: str, methods: Sequence[Method], apart: frozenset = frozenset()) -> list[str]:
         """Per variable, the key of the cost it is charged: the baseline's, else its method's; a
-        variable on PS that is looked up together with one not on PS has its own exchange
-        (:data:`PS_ALONE`), which the table's PS entry (riding the other's) leaves out."""
+        variable on PS that is looked up together with one not on PS, or served apart from it
+        (``apart``, :meth:`served_apart`), has its own exchange (:data:`PS_ALONE`), which the
+        table's PS entry (riding the other's) leaves out."""
         if label in BASELINE_KEYS:
             return [label] * len(self.costs)
         keys = [m.value for m in methods]
         for first, others in self.lookup_groups.items():
             for i in others:
-                if methods[i] is Method.PS and methods[first] is not Method.PS:
+                if methods[i] is Method.PS and (methods[first] is not Method.PS or i in apart):
                     keys[i] = PS_ALONE
         return keys
+
+    def served_apart(self, partitions: Sequence[int] | None) -> frozenset:
+        """Indices of the variables looked up together with another that the runtime serves in
+        an exchange of their own under ``partitions`` (per variable, profile order; None: one
+        count for all, as every plan parallax_nb makes): their partitions give some row id
+        another owner (:func:`~parallax_nb.types.row_owners`). The runtime caps a count at
+        the variable's rows, and so does this."""
+        if not partitions or not self.lookup_groups:
+            return frozenset()
+        ranks, variables = self.cluster.workers, self.profile.variables
+
+        def owners(i):
+            return row_owners(max(1, min(int(partitions[i]), variables[i].rows)), ranks)
+
+        return frozenset(i for first, others in self.lookup_groups.items() for i in others
+                         if owners(i) != owners(first))
 
     def column(self, key: str) -> "_Column":
         """What each variable adds to a step's totals when charged ``key``'s cost."""
@@ -144,22 +163,25 @@ class Pricing:
             made = self._cost_parts[id(cost)] = (rides_fused_allreduce(cost), own_calls(cost), shares)
         return made
 
-    def total(self, label: str, methods: Sequence[Method], explanations: tuple[str, ...] = ()) -> Estimate:
+    def total(self, label: str, methods: Sequence[Method], explanations: tuple[str, ...] = (),
+              partitions: Sequence[int] | None = None) -> Estimate:
         """Sum the charged costs' bytes and rounds and the calls' time (module docstring).
 
         A baseline ``label`` (:data:`BASELINE_KEYS`) charges every variable that baseline's cost;
-        otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`.
-        The same label, methods and explanations give the same (frozen) Estimate back.
+        otherwise each variable is charged its method's cost from :data:`.methods.METHOD_COSTS`,
+        with the lookups the runtime serves apart under ``partitions`` (:meth:`served_apart`)
+        each in its own exchange. The same inputs give the same (frozen) Estimate back.
         """
-        memo = (label, tuple(methods), tuple(explanations))
+        apart = self.served_apart(partitions)
+        memo = (label, tuple(methods), tuple(explanations), apart)
         made = self._totals.get(memo)
         if made is None:
-            made = self._totals[memo] = self._total(label, methods, explanations)
+            made = self._totals[memo] = self._total(label, methods, explanations, apart)
         return made
 
-    def _total(self, label, methods, explanations) -> Estimate:
+    def _total(self, label, methods, explanations, apart) -> Estimate:
         profile, cluster, costs = self.profile, self.cluster, self.costs
-        picked = _Picked(self, self.charged_keys(label, methods))
+        picked = _Picked(self, self.charged_keys(label, methods, apart))
         bytes_ = picked.values("bytes")
         total = sum(bytes_)
         index = sum(picked.values("index"))

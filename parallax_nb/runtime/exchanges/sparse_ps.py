@@ -40,7 +40,7 @@ import math
 import tensorflow as tf
 
 from ...ops import variable_path
-from ...types import Collective, Kind, Method
+from ...types import Collective, Kind, Method, row_owners
 from ..sharded import ShardedVariable
 from ..tensor_ops import deduplicate, op_tag, tile_rows
 from .base import Exchange, Wire
@@ -119,18 +119,13 @@ class ShardedLookupRouter:
         for i, (params, ids) in enumerate(pairs):
             sharded = self.variables.get(variable_path(params))
             if sharded is not None:
-                groups.setdefault((id(ids), self._owner_rule(sharded), sharded.dtype), []).append((i, sharded))
+                owners = row_owners(sharded.partitioning.partitions, self.ranks)
+                groups.setdefault((id(ids), owners, sharded.dtype), []).append((i, sharded))
         for members in groups.values():
             ids = pairs[members[0][0]][1]
             for (i, _), rows in zip(members, self._lookup([sharded for _, sharded in members], ids)):
                 out[i] = rows
         return out
-
-    def _owner_rule(self, sharded: ShardedVariable):
-        """Equal for two variables exactly when every row id has the same owner rank in both
-        (:meth:`_owners`: ``(id % P) % N``, which is ``id % N`` whenever N divides P)."""
-        P = sharded.partitioning.partitions
-        return self.ranks if P % self.ranks == 0 else ("partitions", P)
 
     def _lookup(self, group: list[ShardedVariable], ids) -> list[tf.Tensor]:
         calls = getattr(self, "_calls", None)
