@@ -113,16 +113,14 @@ def summarise(probe_all: list[dict], spec: dict, ranks: int) -> dict:
 
 def bind_to_core(rank: int) -> None:
     """Bind every thread of this rank to one core of the host, rank ``r`` to the ``r mod C``-th of
-    the ``C`` cores it may use (threads started later inherit the binding). Called once Horovod
-    has started: binding at the very start hung 2 of 6 launches of 8 ranks on 2 cores inside
-    ``hvd.init()`` (benchmarks/README.md)."""
+    the ``C`` cores it may use, also when the ranks do not outnumber the cores (the runtime
+    binds by itself only then: :func:`parallax_nb.devices.bind_shared_host_rank`). Called once
+    Horovod has started: binding at the very start hung 2 of 6 launches of 8 ranks on 2 cores
+    inside ``hvd.init()`` (benchmarks/README.md)."""
+    from parallax_nb.devices import bind_threads
+
     cores = sorted(os.sched_getaffinity(0))
-    core = cores[rank % len(cores)]
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {core})
-        except ProcessLookupError:   # a thread that ended meanwhile
-            pass
+    bind_threads(cores[rank % len(cores)])
 
 
 def main(spec_path: str, results_path: str) -> int:

@@ -16,13 +16,27 @@ each rank makes visible only the GPU of its local rank and lets its memory grow 
 Called from :func:`parallax_nb.runtime.context.horovod` right after ``hvd.init()`` (every
 rank of ``Trainer``, ``python -m parallax_nb run`` and the notebook's engines), and by the
 profiler, which measures on the GPU a rank would train on and records it.
+
+Which core, when the ranks of an emulated cluster outnumber this host's cores: the emulated
+machines (:mod:`parallax_nb.netem`) all run on this host and share its cores, and their launch
+says so (:data:`SHARED_HOST_ENV`). Left to the scheduler, 8 ranks on 2 cores ran the LM's
+HYBRID step for a whole launch at one of two speeds, the slow one about half the fast one, and
+plain Horovod's about 15 % slower than bound (benchmarks/README.md); with rank ``r`` bound to
+the ``r mod C``-th core every launch ran at the fast one. :func:`core_for_rank` is that
+choice, :func:`bind_shared_host_rank` applies it once Horovod has started (binding earlier hung
+launches inside ``hvd.init()``). Ranks no more than the cores are left to the scheduler.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .errors import SetupError
+
+#: ``"1"`` in a rank's environment when every rank of its launch runs on this one host
+#: (an emulated cluster's launch sets it: ``netem.EmulatedCluster.transport_args``)
+SHARED_HOST_ENV = "PARALLAX_SHARED_HOST"
 
 PER_HOST_HINT = ("start at most {gpus} rank(s) per host (a hostfile with `slots={gpus}`, or "
                  "`mpirun --map-by ppr:{gpus}:node`), or make more of the host's GPUs visible to every rank "
@@ -147,3 +161,35 @@ def place_process(local_rank: int, local_size: int, host: str) -> DevicePlacemen
 def current_placement() -> DevicePlacement | None:
     """The placement of this process, or ``None`` when nothing placed it yet."""
     return _placer.current if _placer is not None else None
+
+
+def core_for_rank(rank: int, ranks: int, cores: Sequence[int]) -> int | None:
+    """The core rank ``rank`` of ``ranks`` is bound to when all of them share ``cores`` (the
+    cores this process may use): the ``rank mod C``-th, or None when the ranks do not
+    outnumber the cores (each can have one to itself; the scheduler is left to it)."""
+    cores = sorted(cores)
+    if ranks <= len(cores) or not cores:
+        return None
+    return cores[rank % len(cores)]
+
+
+def bind_shared_host_rank(rank: int, ranks: int, environ: Mapping[str, str] | None = None) -> int | None:
+    """Bind every thread of this process (threads started later inherit it) to
+    :func:`core_for_rank`'s core when its launch says all ranks share this host
+    (:data:`SHARED_HOST_ENV`); the core, or None when nothing was bound."""
+    environ = os.environ if environ is None else environ
+    if environ.get(SHARED_HOST_ENV) != "1":
+        return None
+    core = core_for_rank(rank, ranks, os.sched_getaffinity(0))
+    if core is not None:
+        bind_threads(core)
+    return core
+
+
+def bind_threads(core: int) -> None:
+    """Bind every thread of this process to ``core``; threads started later inherit it."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except ProcessLookupError:   # a thread that ended meanwhile
+            pass

@@ -138,3 +138,56 @@ def test_a_profiled_process_cannot_become_another_ranks_process():
     assert placer.place(0, 4, "h").local_size == 4
     with pytest.raises(SetupError, match="must use /physical_device:GPU:1"):
         placer.place(1, 4, "h")
+
+
+# ----------------------------------------------------------------------------- cores
+
+def test_ranks_that_outnumber_the_shared_cores_get_one_core_each_in_turn():
+    from parallax_nb.devices import core_for_rank
+
+    assert [core_for_rank(r, 8, [0, 1]) for r in range(8)] == [0, 1] * 4
+    assert [core_for_rank(r, 4, {5, 2}) for r in range(4)] == [2, 5, 2, 5]   # the cores this process may use
+    assert [core_for_rank(r, 3, [0, 1]) for r in range(3)] == [0, 1, 0]
+    assert [core_for_rank(r, 2, [0, 1]) for r in range(2)] == [None, None]   # one core each: left alone
+    assert core_for_rank(0, 1, [0]) is None
+
+
+BIND_PROGRAM = """
+import json, os, sys, threading
+from parallax_nb.devices import bind_shared_host_rank
+rank, ranks, env = int(sys.argv[1]), int(sys.argv[2]), dict(a.split("=") for a in sys.argv[3:])
+before = sorted(os.sched_getaffinity(0))
+core = bind_shared_host_rank(rank, ranks, env)
+later = []
+thread = threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0))))
+thread.start()
+thread.join()
+print(json.dumps(dict(before=before, core=core, after=sorted(os.sched_getaffinity(0)), later=later[0])))
+"""
+
+
+@pytest.mark.parametrize("over, env, bound", [
+    (1, ["PARALLAX_SHARED_HOST=1"], True),
+    (1, [], False),                              # not an emulated cluster's launch: ranks may be on other hosts
+    (1, ["PARALLAX_SHARED_HOST=0"], False),
+    (0, ["PARALLAX_SHARED_HOST=1"], False),      # no more ranks than cores
+])
+def test_a_shared_host_rank_binds_itself_and_its_later_threads(over, env, bound):
+    """Real affinity, in a child process: rank 1 of (cores + ``over``) ranks, and a thread it
+    starts afterwards, are on the core ``core_for_rank`` names, only when the launch says the
+    ranks share the host and they outnumber its cores."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cores = sorted(os.sched_getaffinity(0))
+    ranks = len(cores) + over
+    out = json.loads(subprocess.run([sys.executable, "-c", BIND_PROGRAM, "1", str(ranks), *env], capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)
+    assert out["before"] == cores
+    if bound:
+        core = cores[1 % len(cores)]
+        assert out["core"] == core and out["after"] == out["later"] == [core], out
+    else:
+        assert out["core"] is None and out["after"] == out["later"] == cores, out

@@ -149,6 +149,12 @@ def on_engines(cluster, fn, *args) -> list:
     return view.pull("px_result", block=True)
 
 
+def _affinity() -> list[int]:
+    import os
+
+    return sorted(os.sched_getaffinity(0))
+
+
 def idle_link_rate(seconds: float) -> tuple[float, float]:
     """On an engine: (bytes, packets) per second its machine's link carries while no run trains
     (Horovod's background coordination, ipyparallel's heartbeats)."""
@@ -212,6 +218,11 @@ def test_hybrid_equals_single_device_and_links_carry_the_prediction(cluster, wor
         assert listeners(m.namespace), m.namespace
     the_run.wait(timeout=300)
     assert the_run.status == "done", the_run.message
+    # the machines share this host's cores: engines that outnumber them bind themselves, rank r
+    # to the r mod C-th core, once Horovod has started (parallax_nb.devices.bind_shared_host_rank)
+    cores, ranks = sorted(os.sched_getaffinity(0)), cluster.status().ranks
+    assert on_engines(cluster, _affinity) == [[cores[r % len(cores)]] if len(ranks) > len(cores) else cores
+                                              for r in ranks]
 
     reference, _ = train_single_device(job, STEPS, batch_size=4 * job.batch_size)
     weights = the_run.weights

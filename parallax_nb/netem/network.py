@@ -27,6 +27,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
+from ..devices import SHARED_HOST_ENV
 from ..errors import ConfigError, SetupError
 from ..types import format_bandwidth, parse_bandwidth
 from . import links
@@ -124,8 +125,10 @@ class EmulatedCluster:
         told which network to use, plus the rsh agent that reaches the namespaces.
 
         Ranks fill machines in order (rank r on machine r // workers_per_machine); MPI's
-        byte transport and its out-of-band channel use only the cluster's subnet; no core
-        binding (the namespaces share the host's cores).
+        byte transport and its out-of-band channel use only the cluster's subnet. MPI binds
+        no core; every rank is told that all ranks share this host (``PARALLAX_SHARED_HOST``),
+        and when they outnumber its cores each binds itself to one once Horovod has started
+        (:func:`parallax_nb.devices.bind_shared_host_rank`).
 
         ``rtc_hwloc_vmhole none``: each machine's ``orted`` otherwise maps a shared-memory copy
         of the hardware topology at an address it picks from its own memory map; two daemons
@@ -142,7 +145,7 @@ class EmulatedCluster:
                 "--mca", "plm_rsh_agent", AGENT, "--mca", "plm_rsh_no_tree_spawn", "1",
                 "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", self.subnet,
                 "--mca", "oob_tcp_if_include", self.subnet, "--mca", "rtc_hwloc_vmhole", "none",
-                "--mca", "mpi_yield_when_idle", "1"]
+                "--mca", "mpi_yield_when_idle", "1", "-x", f"{SHARED_HOST_ENV}=1"]
 
     def counters(self) -> dict[str, tuple[int, int]]:
         """Per machine namespace: (rx_bytes, tx_bytes) its link carried so far (the kernel's count)."""

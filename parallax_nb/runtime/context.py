@@ -66,9 +66,10 @@ def horovod():
         if not hvd.mpi_enabled():
             raise SetupError("Horovod was built without MPI support",
                              hint="rebuild with HOROVOD_WITH_MPI=1 (scripts/setup.sh does)")
-        from ..devices import place_process
+        from ..devices import bind_shared_host_rank, place_process
 
         place_process(hvd.local_rank(), hvd.local_size(), socket.gethostname())  # before any TensorFlow op
+        bind_shared_host_rank(hvd.rank(), hvd.size())
         _initialised = True
     return hvd
 
