@@ -389,6 +389,12 @@ class ClusterSpec:
                 f"local aggregation {'on' if self.local_aggregation else 'off'}")
 
 
+def partitions_served(planned: int, rows: int) -> int:
+    """The partitions a PS variable of ``rows`` rows is served in when ``planned`` are asked
+    for: at most one per row, at least one (the runtime's count, and the cost model's)."""
+    return max(1, min(int(planned), rows))
+
+
 def row_owners(partitions: int, ranks: int):
     """Which rank owns each row id of a PS variable split into ``partitions`` partitions over
     ``ranks`` ranks, as a key: two variables' keys are equal exactly when every row id has the

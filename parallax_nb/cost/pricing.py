@@ -16,7 +16,7 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost,
-                     row_owners)
+                     partitions_served, row_owners)
 from .choice import choose_method
 from .methods import ps_sparse_alone, variable_cost
 from .link import predict_link_bytes
@@ -136,14 +136,14 @@ class Pricing:
         """Indices of the variables looked up together with another that the runtime serves in
         an exchange of their own under ``partitions`` (per variable, profile order; None: one
         count for all, as every plan parallax_nb makes): their partitions give some row id
-        another owner (:func:`~parallax_nb.types.row_owners`). The runtime caps a count at
-        the variable's rows, and so does this."""
+        another owner (:func:`~parallax_nb.types.row_owners`), counted as the runtime serves
+        them (:func:`~parallax_nb.types.partitions_served`)."""
         if not partitions or not self.lookup_groups:
             return frozenset()
         ranks, variables = self.cluster.workers, self.profile.variables
 
         def owners(i):
-            return row_owners(max(1, min(int(partitions[i]), variables[i].rows)), ranks)
+            return row_owners(partitions_served(partitions[i], variables[i].rows), ranks)
 
         return frozenset(i for first, others in self.lookup_groups.items() for i in others
                          if owners(i) != owners(first))

@@ -77,7 +77,7 @@ import tensorflow as tf
 from .. import ops, progress
 from ..errors import ConfigError, DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
-from ..types import Kind, Method
+from ..types import Kind, Method, partitions_served
 from .accounting import ByteLedger
 from .batchnorm import SyncBatchNorm, describe as describe_batch_norm
 from .context import abandon_park, barrier, configure_threads, horovod, park_horovod, rank_info, resume_horovod
@@ -244,7 +244,7 @@ class Trainer:
             if kind is Kind.SPARSE and name not in self.routed:
                 kind = Kind.DENSE  # gathered outside embedding_lookup: cannot be served by rows
             rows = int(variable.shape[0]) if len(variable.shape) else 1
-            parts = max(1, min(int(partitions or self.plan.partitions(name)), rows))
+            parts = partitions_served(partitions or self.plan.partitions(name), rows)
         return VariableSync(name=name, variable=variable, method=method, kind=kind, partitions=parts,
                             routed=name in self.routed, asynchronous=self.asynchronous and method is Method.PS)
 
