@@ -325,8 +325,8 @@ def add_launch_options(parser, warmup: int, steps: int) -> None:
                         help="seconds a configuration may take (incl. start-up) before it is killed as hung")
     parser.add_argument("--bind-cores", action="store_true",
                         help="once Horovod has started, bind each rank to core (rank mod cores), every "
-                             "configuration alike, also where the ranks do not outnumber the cores (where they "
-                             "do, the emulated clusters' ranks bind themselves: see benchmarks/README.md)")
+                             "configuration alike, also where the ranks are fewer than the cores (where they are "
+                             "not, the ranks bind themselves: see benchmarks/README.md)")
 
 
 def main(argv=None) -> int:

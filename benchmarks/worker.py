@@ -113,8 +113,8 @@ def summarise(probe_all: list[dict], spec: dict, ranks: int) -> dict:
 
 def bind_to_core(rank: int) -> None:
     """Bind every thread of this rank to one core of the host, rank ``r`` to the ``r mod C``-th of
-    the ``C`` cores it may use, also when the ranks do not outnumber the cores (the runtime
-    binds by itself only then: :func:`parallax_nb.devices.bind_shared_host_rank`). Called once
+    the ``C`` cores it may use, also when the ranks are fewer than the cores (the runtime binds
+    by itself only when they are not: :func:`parallax_nb.devices.bind_rank`). Called once
     Horovod has started: binding at the very start hung 2 of 6 launches of 8 ranks on 2 cores
     inside ``hvd.init()`` (benchmarks/README.md)."""
     from parallax_nb.devices import bind_threads

@@ -17,14 +17,29 @@ Called from :func:`parallax_nb.runtime.context.horovod` right after ``hvd.init()
 rank of ``Trainer``, ``python -m parallax_nb run`` and the notebook's engines), and by the
 profiler, which measures on the GPU a rank would train on and records it.
 
-Which core, when the ranks of an emulated cluster outnumber this host's cores: the emulated
-machines (:mod:`parallax_nb.netem`) all run on this host and share its cores, and their launch
-says so (:data:`SHARED_HOST_ENV`). Left to the scheduler, 8 ranks on 2 cores ran the LM's
-HYBRID step for a whole launch at one of two speeds, the slow one about half the fast one, and
-plain Horovod's about 15 % slower than bound (benchmarks/README.md); with rank ``r`` bound to
-the ``r mod C``-th core every launch ran at the fast one. :func:`core_for_rank` is that
-choice, :func:`bind_shared_host_rank` applies it once Horovod has started (binding earlier hung
-launches inside ``hvd.init()``). Ranks no more than the cores are left to the scheduler.
+Which core, when a host's ranks are at least as many as its cores. Left to the scheduler,
+ranks that share cores migrate between them and their thread pools contend: 8 ranks of an
+emulated cluster (:mod:`parallax_nb.netem`, every machine on this host) ran the LM's HYBRID
+step for a whole launch at one of two speeds, the slow one about half the fast one; 2 ranks on
+2 cores ran the tiny LM at about half the steps per second they run bound, plain Horovod and
+parallax_nb alike, and parallax_nb's dense CNN slower than plain Horovod (benchmarks/README.md).
+Bound, local rank ``r`` of ``L >= C`` ranks on the ``r mod C``-th of the ``C`` cores it may use,
+every launch ran at the fast speed. Which ranks share the host: an emulated cluster's launch
+says all of them do (:data:`SHARED_HOST_ENV`; Horovod sees them as machines of their own),
+otherwise Horovod's local ranks. :func:`core_for_rank` is the choice,
+:func:`bind_rank` applies it once Horovod has started (binding earlier hung launches inside
+``hvd.init()``). Fewer ranks than cores are left to the scheduler (each rank's TensorFlow
+spreads its threads over the cores), and so is every rank when :data:`BIND_ENV` is ``"0"``.
+A rank that its launcher already bound (``mpirun``'s own ``--bind-to core``) may use one core,
+its own, and stays there.
+
+Bound ranks also wait in MPI without spinning: a rank's core is its TensorFlow threads' too,
+and Open MPI busy-polls a waiting collective unless told to yield (it yields by itself only on
+a host it knows oversubscribed). On 2 ranks on 2 cores, bound, the tiny LM's step took 3.5-9.3
+ms spinning and 2.0-4.7 ms yielding over five alternating launches of each
+(benchmarks/README.md). :func:`yield_when_idle_args` gives the ``mpirun`` argument for the
+launches parallax_nb starts on one host; :func:`yield_when_idle_default` sets it in a rank's
+own environment before MPI starts, for launches of the user's own ``mpirun``.
 """
 from __future__ import annotations
 
@@ -37,6 +52,9 @@ from .errors import SetupError
 #: ``"1"`` in a rank's environment when every rank of its launch runs on this one host
 #: (an emulated cluster's launch sets it: ``netem.EmulatedCluster.transport_args``)
 SHARED_HOST_ENV = "PARALLAX_SHARED_HOST"
+
+#: ``"0"`` in a rank's environment leaves its threads to the scheduler (:func:`bind_rank`)
+BIND_ENV = "PARALLAX_BIND_CORES"
 
 PER_HOST_HINT = ("start at most {gpus} rank(s) per host (a hostfile with `slots={gpus}`, or "
                  "`mpirun --map-by ppr:{gpus}:node`), or make more of the host's GPUs visible to every rank "
@@ -163,24 +181,71 @@ def current_placement() -> DevicePlacement | None:
     return _placer.current if _placer is not None else None
 
 
+def cores_are_shared(ranks: int, cores: int) -> bool:
+    """``ranks`` on one host with ``cores`` cores share them: at least two ranks, at least as
+    many as the cores."""
+    return ranks >= 2 and ranks >= cores > 0
+
+
 def core_for_rank(rank: int, ranks: int, cores: Sequence[int]) -> int | None:
-    """The core rank ``rank`` of ``ranks`` is bound to when all of them share ``cores`` (the
-    cores this process may use): the ``rank mod C``-th, or None when the ranks do not
-    outnumber the cores (each can have one to itself; the scheduler is left to it)."""
+    """The core rank ``rank`` of the ``ranks`` that share ``cores`` (the cores this process may
+    use) is bound to: the ``rank mod C``-th when the ranks are at least as many as the cores,
+    or None (one rank alone, or fewer ranks than cores: the scheduler is left to it)."""
     cores = sorted(cores)
-    if ranks <= len(cores) or not cores:
+    if not cores_are_shared(ranks, len(cores)):
         return None
     return cores[rank % len(cores)]
 
 
-def bind_shared_host_rank(rank: int, ranks: int, environ: Mapping[str, str] | None = None) -> int | None:
-    """Bind every thread of this process (threads started later inherit it) to
-    :func:`core_for_rank`'s core when its launch says all ranks share this host
-    (:data:`SHARED_HOST_ENV`); the core, or None when nothing was bound."""
+def ranks_on_this_host(environ: Mapping[str, str] | None = None) -> int:
+    """Before MPI starts: the ranks of this launch on this host, as the launcher tells each rank
+    (all of them in an emulated cluster's launch, :data:`SHARED_HOST_ENV`); 0 when it does not."""
     environ = os.environ if environ is None else environ
-    if environ.get(SHARED_HOST_ENV) != "1":
+    names = (("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if environ.get(SHARED_HOST_ENV) == "1"
+             else ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"))
+    for name in names:
+        try:
+            return int(environ[name])
+        except (KeyError, ValueError):
+            continue
+    return 0
+
+
+YIELD_WHEN_IDLE_MCA = "mpi_yield_when_idle"
+
+
+def yield_when_idle_args(ranks: int, environ: Mapping[str, str] | None = None) -> list[str]:
+    """``mpirun`` arguments that make ``ranks`` ranks on this host yield their core while they
+    wait in MPI when they share its cores (module docstring); [] otherwise, or when
+    :data:`BIND_ENV` is ``"0"``."""
+    environ = os.environ if environ is None else environ
+    if environ.get(BIND_ENV) == "0" or not cores_are_shared(ranks, len(os.sched_getaffinity(0))):
+        return []
+    return ["--mca", YIELD_WHEN_IDLE_MCA, "1"]
+
+
+def yield_when_idle_default(environ=None) -> bool:
+    """In a rank, before MPI starts: when the launch's ranks on this host share its cores, make
+    Open MPI yield while waiting (``OMPI_MCA_mpi_yield_when_idle=1``) unless the launch set it
+    either way. True when the setting is (now) 1."""
+    environ = os.environ if environ is None else environ
+    name = "OMPI_MCA_" + YIELD_WHEN_IDLE_MCA
+    if name not in environ and yield_when_idle_args(ranks_on_this_host(environ), environ):
+        environ[name] = "1"
+    return environ.get(name) == "1"
+
+
+def bind_rank(rank: int, ranks: int, local_rank: int, local_size: int,
+              environ: Mapping[str, str] | None = None) -> int | None:
+    """Bind every thread of this process (threads started later inherit it) to
+    :func:`core_for_rank`'s core among the ranks that share this host: all ``ranks`` when the
+    launch says so (:data:`SHARED_HOST_ENV`), else Horovod's ``local_size``. The core, or None
+    when nothing was bound (also when :data:`BIND_ENV` is ``"0"``)."""
+    environ = os.environ if environ is None else environ
+    if environ.get(BIND_ENV) == "0":
         return None
-    core = core_for_rank(rank, ranks, os.sched_getaffinity(0))
+    index, count = (rank, ranks) if environ.get(SHARED_HOST_ENV) == "1" else (local_rank, local_size)
+    core = core_for_rank(index, count, os.sched_getaffinity(0))
     if core is not None:
         bind_threads(core)
     return core

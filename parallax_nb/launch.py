@@ -4,8 +4,10 @@ Two entry points:
 
 * :func:`mpirun_command` builds the ``mpirun`` command line (loopback or a hostfile), with
   the defaults this project needs: ``--oversubscribe`` (more ranks than cores is fine for
-  tests), ``--bind-to none`` (TensorFlow spreads its own threads), ``--allow-run-as-root``
-  when running as root, and ``-x`` for the environment variables ranks on other hosts need.
+  tests), ``--bind-to none`` (TensorFlow spreads its own threads; ranks at least as many as
+  the cores bind themselves once Horovod starts, and on one host are told to wait in MPI
+  without spinning: :mod:`parallax_nb.devices`), ``--allow-run-as-root`` when running as
+  root, and ``-x`` for the environment variables ranks on other hosts need.
 * :func:`run_on_ranks` cloudpickles a function, runs it on every rank under ``mpirun`` and
   returns the list of per-rank return values, or raises :class:`DistributedError` naming the
   failing rank with its traceback (or, for a rank that died without one, its host and the
@@ -30,6 +32,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Sequence
 
+from .devices import YIELD_WHEN_IDLE_MCA, yield_when_idle_args
 from .errors import ConfigError, DistributedError, SetupError
 from .failures import mpi_rank, read_failures, report_rank_failure
 
@@ -96,6 +99,8 @@ def mpirun_command(np: int, argv: Sequence[str], hostfile: str | None = None,
         mca["btl"] = LOCAL_BTL
     for key, value in mca.items():
         cmd += ["--mca", str(key), str(value)]
+    if hostfile is None and YIELD_WHEN_IDLE_MCA not in mca:
+        cmd += yield_when_idle_args(np)   # ranks that share the cores wait without spinning
     for name in FORWARDED_ENV:
         if name in os.environ:
             cmd += ["-x", name]

@@ -269,6 +269,16 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
     assert set(the_run.measured_bytes_by_variable()) == set(plan.names)
     model = the_run.model
     assert {v.path for v in model.trainable_variables} == set(plan.names)
+    # the engines share this host's cores: local ranks at least as many as the cores bind
+    # themselves, local rank r to the r mod C-th core, once Horovod has started
+    # (parallax_nb.devices.bind_rank); fewer are left to the scheduler
+    cores = sorted(os.sched_getaffinity(0))
+    expected = [[cores[r % len(cores)]] if 2 >= len(cores) else cores for r in range(2)]
+    assert sorted(sorted(psutil.Process(e.pid).cpu_affinity()) for e in cluster.engines) == sorted(expected)
+    # and wait in MPI without spinning (a spinning wait takes the core from their TensorFlow threads)
+    yielding = "1" if 2 >= len(cores) else None
+    assert [psutil.Process(e.pid).environ().get("OMPI_MCA_mpi_yield_when_idle") for e in cluster.engines] == \
+        [yielding] * 2
 
 
 def _engine_rss_mib(cluster):

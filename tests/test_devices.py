@@ -142,22 +142,26 @@ def test_a_profiled_process_cannot_become_another_ranks_process():
 
 # ----------------------------------------------------------------------------- cores
 
-def test_ranks_that_outnumber_the_shared_cores_get_one_core_each_in_turn():
+def test_ranks_at_least_as_many_as_the_shared_cores_get_one_core_each_in_turn():
     from parallax_nb.devices import core_for_rank
 
     assert [core_for_rank(r, 8, [0, 1]) for r in range(8)] == [0, 1] * 4
     assert [core_for_rank(r, 4, {5, 2}) for r in range(4)] == [2, 5, 2, 5]   # the cores this process may use
     assert [core_for_rank(r, 3, [0, 1]) for r in range(3)] == [0, 1, 0]
-    assert [core_for_rank(r, 2, [0, 1]) for r in range(2)] == [None, None]   # one core each: left alone
-    assert core_for_rank(0, 1, [0]) is None
+    assert [core_for_rank(r, 2, [0, 1]) for r in range(2)] == [0, 1]          # as many: one core each
+    assert [core_for_rank(r, 2, [0, 1, 2, 3]) for r in range(2)] == [None, None]   # fewer: left alone
+    assert core_for_rank(0, 2, [3]) == 3       # a rank its launcher bound already stays on its core
+    assert core_for_rank(0, 1, [0]) is None    # one rank alone
+    assert core_for_rank(0, 1, [0, 1]) is None
 
 
 BIND_PROGRAM = """
 import json, os, sys, threading
-from parallax_nb.devices import bind_shared_host_rank
-rank, ranks, env = int(sys.argv[1]), int(sys.argv[2]), dict(a.split("=") for a in sys.argv[3:])
+from parallax_nb.devices import bind_rank
+rank, ranks, local_rank, local_size = (int(a) for a in sys.argv[1:5])
+env = dict(a.split("=") for a in sys.argv[5:])
 before = sorted(os.sched_getaffinity(0))
-core = bind_shared_host_rank(rank, ranks, env)
+core = bind_rank(rank, ranks, local_rank, local_size, env)
 later = []
 thread = threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0))))
 thread.start()
@@ -166,28 +170,82 @@ print(json.dumps(dict(before=before, core=core, after=sorted(os.sched_getaffinit
 """
 
 
-@pytest.mark.parametrize("over, env, bound", [
-    (1, ["PARALLAX_SHARED_HOST=1"], True),
-    (1, [], False),                              # not an emulated cluster's launch: ranks may be on other hosts
-    (1, ["PARALLAX_SHARED_HOST=0"], False),
-    (0, ["PARALLAX_SHARED_HOST=1"], False),      # no more ranks than cores
+@pytest.mark.parametrize("ranks, local, env, sharing", [
+    ("C+1", (1, 1), ["PARALLAX_SHARED_HOST=1"], "ranks"),      # an emulated cluster: every rank on this host
+    ("C", (1, 1), ["PARALLAX_SHARED_HOST=1"], "ranks"),
+    ("C", (1, "C"), [], "local"),                              # one host: Horovod's local ranks
+    ("2C", (1, "C+1"), ["PARALLAX_SHARED_HOST=0"], "local"),
+    ("2C", (0, 1), [], None),                                  # one rank on each host: left alone
+    ("C", (1, "C"), ["PARALLAX_BIND_CORES=0"], None),          # asked not to
+    ("C+1", (1, 1), ["PARALLAX_SHARED_HOST=1", "PARALLAX_BIND_CORES=0"], None),
 ])
-def test_a_shared_host_rank_binds_itself_and_its_later_threads(over, env, bound):
-    """Real affinity, in a child process: rank 1 of (cores + ``over``) ranks, and a thread it
-    starts afterwards, are on the core ``core_for_rank`` names, only when the launch says the
-    ranks share the host and they outnumber its cores."""
+def test_a_rank_that_shares_the_cores_binds_itself_and_its_later_threads(ranks, local, env, sharing):
+    """Real affinity, in a child process: rank 1 (local rank ``local[0]`` of ``local[1]``), and a
+    thread it starts afterwards, are on the core ``core_for_rank`` names when the ranks that
+    share this host (all of them in an emulated cluster's launch, else the local ones) are at
+    least as many as its cores, and on all of them otherwise."""
     import json
     import os
     import subprocess
     import sys
 
     cores = sorted(os.sched_getaffinity(0))
-    ranks = len(cores) + over
-    out = json.loads(subprocess.run([sys.executable, "-c", BIND_PROGRAM, "1", str(ranks), *env], capture_output=True,
+    count = {"C": len(cores), "C+1": len(cores) + 1, "2C": 2 * len(cores)}
+    ranks = count[ranks]
+    local_rank, local_size = local[0], count.get(local[1], local[1])
+    out = json.loads(subprocess.run([sys.executable, "-c", BIND_PROGRAM, "1", str(ranks), str(local_rank),
+                                     str(local_size), *env], capture_output=True,
                                     text=True, timeout=60, check=True).stdout)
     assert out["before"] == cores
-    if bound:
-        core = cores[1 % len(cores)]
+    index, sharing_ranks = {"ranks": (1, ranks), "local": (local_rank, local_size), None: (0, 0)}[sharing]
+    if sharing_ranks >= max(2, len(cores)):
+        core = cores[index % len(cores)]
         assert out["core"] == core and out["after"] == out["later"] == [core], out
     else:
         assert out["core"] is None and out["after"] == out["later"] == cores, out
+
+
+def test_ranks_on_this_host_come_from_the_launchers_environment():
+    from parallax_nb.devices import ranks_on_this_host
+
+    assert ranks_on_this_host({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}) == 2
+    assert ranks_on_this_host({"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                               "PARALLAX_SHARED_HOST": "1"}) == 8     # an emulated cluster: every rank here
+    assert ranks_on_this_host({"MPI_LOCALNRANKS": "3"}) == 3          # MPICH's name
+    assert ranks_on_this_host({}) == 0                                 # not launched by MPI
+    assert ranks_on_this_host({"OMPI_COMM_WORLD_LOCAL_SIZE": "two"}) == 0
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "C"}, "1"),                                       # share the cores
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_SIZE": "C"}, None),         # one rank per host
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_SIZE": "C", "PARALLAX_SHARED_HOST": "1"}, "1"),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "C", "OMPI_MCA_mpi_yield_when_idle": "0"}, "0"),  # the launch said so
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "C", "PARALLAX_BIND_CORES": "0"}, None),
+    ({}, None),
+])
+def test_ranks_that_share_the_cores_wait_in_mpi_without_spinning(env, expected):
+    import os
+
+    from parallax_nb.devices import yield_when_idle_default
+
+    cores = max(2, len(os.sched_getaffinity(0)))
+    env = {k: str(cores) if v == "C" else v for k, v in env.items()}
+    assert yield_when_idle_default(env) == (expected == "1")
+    assert env.get("OMPI_MCA_mpi_yield_when_idle") == expected
+
+
+def test_launches_on_this_host_that_share_the_cores_wait_without_spinning(tmp_path):
+    import os
+
+    from parallax_nb.launch import mpirun_command
+
+    cores = len(os.sched_getaffinity(0))
+    many = mpirun_command(max(2, cores), ["x"])
+    assert many[many.index("mpi_yield_when_idle") + 1] == "1"
+    assert "mpi_yield_when_idle" not in mpirun_command(1, ["x"])
+    asked = mpirun_command(2 * cores, ["x"], extra_mca={"mpi_yield_when_idle": "0"})   # the caller's wins
+    assert asked.count("mpi_yield_when_idle") == 1 and asked[asked.index("mpi_yield_when_idle") + 1] == "0"
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=2\n")
+    assert "mpi_yield_when_idle" not in mpirun_command(4, ["x"], hostfile=str(hostfile))   # other hosts: their own

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import progress
+from ..devices import yield_when_idle_args
 from ..errors import ConfigError, SetupError
 from .engine import LINK_INTERFACE_ENV
 
@@ -275,7 +276,8 @@ class Cluster:
             if self.hostfile is None:
                 # a laptop may have fewer cores than engines; ranks talk through shared memory,
                 # and mpiexec talks to its ranks over loopback (see LOOPBACK_ONLY)
-                args += ["--bind-to", "none", "--oversubscribe", "--mca", "btl", "self,vader", *LOOPBACK_ONLY]
+                args += ["--bind-to", "none", "--oversubscribe", "--mca", "btl", "self,vader", *LOOPBACK_ONLY,
+                         *yield_when_idle_args(self.n)]   # engines that share the cores wait without spinning
             else:
                 forwarded = ["PYTHONPATH", "IPP_CONNECTION_INFO", "PATH", *self._engine_environment()]
                 args += [a for name in dict.fromkeys(forwarded) for a in ("-x", name)]

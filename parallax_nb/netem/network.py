@@ -127,8 +127,8 @@ class EmulatedCluster:
         Ranks fill machines in order (rank r on machine r // workers_per_machine); MPI's
         byte transport and its out-of-band channel use only the cluster's subnet. MPI binds
         no core; every rank is told that all ranks share this host (``PARALLAX_SHARED_HOST``),
-        and when they outnumber its cores each binds itself to one once Horovod has started
-        (:func:`parallax_nb.devices.bind_shared_host_rank`).
+        and when they are at least as many as its cores each binds itself to one once Horovod
+        has started (:func:`parallax_nb.devices.bind_rank`).
 
         ``rtc_hwloc_vmhole none``: each machine's ``orted`` otherwise maps a shared-memory copy
         of the hardware topology at an address it picks from its own memory map; two daemons

@@ -66,21 +66,26 @@ def horovod():
         if not hvd.mpi_enabled():
             raise SetupError("Horovod was built without MPI support",
                              hint="rebuild with HOROVOD_WITH_MPI=1 (scripts/setup.sh does)")
-        from ..devices import bind_shared_host_rank, place_process
+        from ..devices import bind_rank, place_process
 
         place_process(hvd.local_rank(), hvd.local_size(), socket.gethostname())  # before any TensorFlow op
-        bind_shared_host_rank(hvd.rank(), hvd.size())
+        bind_rank(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
         _initialised = True
     return hvd
 
 
 def _start_mpi() -> None:
     """MPI started by mpi4py at ``MPI_THREAD_MULTIPLE`` (the serving threads of the
-    asynchronous PS call MPI beside the training thread), unless something started it already."""
+    asynchronous PS call MPI beside the training thread), waiting without spinning where the
+    ranks share this host's cores (:func:`parallax_nb.devices.yield_when_idle_default`), unless
+    something started it already."""
     import mpi4py
+
+    from ..devices import yield_when_idle_default
 
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.thread_level = "multiple"
+        yield_when_idle_default()   # ranks that share the cores: MPI waits without spinning
     from mpi4py import MPI  # noqa: F401  (importing it initialises MPI)
 
 
