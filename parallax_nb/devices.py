@@ -21,8 +21,8 @@ Which core, when a host's ranks are at least as many as its cores. Left to the s
 ranks that share cores migrate between them and their thread pools contend: 8 ranks of an
 emulated cluster (:mod:`parallax_nb.netem`, every machine on this host) ran the LM's HYBRID
 step for a whole launch at one of two speeds, the slow one about half the fast one; 2 ranks on
-2 cores ran the tiny LM at about half the steps per second they run bound, plain Horovod and
-parallax_nb alike, and parallax_nb's dense CNN slower than plain Horovod (benchmarks/README.md).
+2 cores ran the tiny LM at half to two thirds of the steps per second they run bound, plain
+Horovod and parallax_nb alike (benchmarks/README.md).
 Bound, local rank ``r`` of ``L >= C`` ranks on the ``r mod C``-th of the ``C`` cores it may use,
 every launch ran at the fast speed. Which ranks share the host: an emulated cluster's launch
 says all of them do (:data:`SHARED_HOST_ENV`; Horovod sees them as machines of their own),
@@ -35,9 +35,9 @@ its own, and stays there.
 
 Bound ranks also wait in MPI without spinning: a rank's core is its TensorFlow threads' too,
 and Open MPI busy-polls a waiting collective unless told to yield (it yields by itself only on
-a host it knows oversubscribed). On 2 ranks on 2 cores, bound, the tiny LM's step took 3.5-9.3
-ms spinning and 2.0-4.7 ms yielding over five alternating launches of each
-(benchmarks/README.md). :func:`yield_when_idle_args` gives the ``mpirun`` argument for the
+a host it knows oversubscribed). On 2 ranks on 2 cores, bound, the tiny LM's HYBRID step took
+6.3-9.3 ms spinning and 3.0-4.3 ms yielding, plain Horovod's 3.5-6.7 and 2.0-4.7 ms, over five
+alternating launches of each (benchmarks/README.md). :func:`yield_when_idle_args` gives the ``mpirun`` argument for the
 launches parallax_nb starts on one host; :func:`yield_when_idle_default` sets it in a rank's
 own environment before MPI starts, for launches of the user's own ``mpirun``.
 """
