@@ -28,7 +28,9 @@ this process combines their figures:
   rank 0 of every machine around each timed chain of calls, the median over the chains),
   the mean over machines at each size, fitted by :func:`~parallax_nb.calibration.fit_link`;
 * ``horovod_env``: the Horovod settings the ranks ran with (rank 0's; every rank gets the same
-  environment).
+  environment);
+* ``rank_cores``: the most cores any rank could use (one each where ranks share the cores and
+  bound themselves: :func:`parallax_nb.devices.bind_rank`).
 
 Measure under the settings of the run to be predicted: the ranks get this process's
 environment plus ``env`` (e.g. ``env={"HOROVOD_CYCLE_TIME": "0.1"}`` for a run started with
@@ -225,7 +227,8 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                        busy_coordination_bytes_per_s=busy_bytes_per_s if several else 0.0,
                        measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        horovod_env=first.get("horovod_env", {}), link_fits=link_fits,
-                       baseline_compute_time_s=baseline_compute)
+                       baseline_compute_time_s=baseline_compute,
+                       rank_cores=max((r["rank_cores"] for r in per_rank if r.get("rank_cores")), default=None))
 
 
 def _link_rates(readings) -> tuple[float, float]:

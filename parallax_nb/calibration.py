@@ -27,6 +27,13 @@ used others. A file written before these were recorded loads with an empty ``hor
 and Horovod's default cycle time (what ``px.calibrate`` ran under unless the shell set one),
 and without a busy coordination rate (the idle rate stands in for it).
 
+And for one placement: ``rank_cores``, the cores each rank could use while it was measured
+(ranks that share a host's cores bind themselves to one each: :mod:`parallax_nb.devices`).
+Bound or not, the same ranks compute and wait at other speeds (2 ranks of the tiny LM on 2
+cores: about half the steps per second unbound), so a run whose ranks had other cores, or a
+calibration that does not record them (written before 2026-11-27, when 2 ranks on 2 cores
+were not bound yet), is named by :meth:`Calibration.settings_mismatch` too.
+
 Pure Python: no TensorFlow, no numpy.
 """
 from __future__ import annotations
@@ -217,6 +224,7 @@ class Calibration:
     busy_coordination_bytes_per_s: float | None = None
     link_fits: dict = field(default_factory=dict, hash=False)
     baseline_compute_time_s: dict = field(default_factory=dict, hash=False)
+    rank_cores: int | None = None
 
     def __post_init__(self):
         for name in ("machines", "workers_per_machine"):
@@ -238,6 +246,10 @@ class Calibration:
             raise ConfigError(f"calibration horovod_env must map Horovod settings to strings, got {self.horovod_env!r}",
                               hint=f"names among {', '.join(HOROVOD_TIMING_SETTINGS)}")
         object.__setattr__(self, "horovod_env", dict(sorted(self.horovod_env.items())))
+        if self.rank_cores is not None and (isinstance(self.rank_cores, bool) or not isinstance(self.rank_cores, int)
+                                            or self.rank_cores < 1):
+            raise ConfigError(f"calibration rank_cores must be a whole number >= 1 (the cores a rank could use), "
+                              f"got {self.rank_cores!r}")
         if horovod_cycle_time_ms(self.horovod_env) is None:
             raise ConfigError(f"calibration horovod_env has HOROVOD_CYCLE_TIME="
                               f"{self.horovod_env['HOROVOD_CYCLE_TIME']!r}, not a number of milliseconds >= 0")
@@ -254,12 +266,29 @@ class Calibration:
         """Horovod's cycle time (ms) during the calibration (module docstring)."""
         return horovod_cycle_time_ms(self.horovod_env)
 
-    def settings_mismatch(self, run_horovod_env) -> str:
+    def settings_mismatch(self, run_horovod_env, run_rank_cores: int | None = None) -> str:
         """"" when a run whose environment held ``run_horovod_env`` (a mapping; None: not known)
-        ran under this calibration's Horovod settings, else a sentence naming the differences
-        (the cycle time first: it sets the idle link traffic and the wait before each collective)."""
-        if not self.measured or run_horovod_env is None:
+        ran under this calibration's Horovod settings, and its ranks had ``run_rank_cores``
+        cores each as the calibration's did (None: not known, not checked), else sentences
+        naming the differences (the cycle time first: it sets the idle link traffic and the
+        wait before each collective)."""
+        if not self.measured:
             return ""
+        horovod = self._horovod_mismatch(run_horovod_env) if run_horovod_env is not None else ""
+        cores = self._cores_mismatch(run_rank_cores)
+        if horovod and cores:
+            return f"{horovod}. {cores[0].upper()}{cores[1:]}"
+        return horovod or cores
+
+    def _cores_mismatch(self, run_rank_cores) -> str:
+        if run_rank_cores is None or run_rank_cores == self.rank_cores:
+            return ""
+        ours = ("not recorded in the calibration, written before ranks that share a host's cores bound "
+                "themselves to one each" if self.rank_cores is None else f"{self.rank_cores} in the calibration")
+        return (f"calibrated with other cores per rank than the run ({ours}; {run_rank_cores} in the run): "
+                f"its compute and per-call times are not the run's; calibrate again on the run's ranks")
+
+    def _horovod_mismatch(self, run_horovod_env) -> str:
         run = horovod_settings(run_horovod_env)
         differences = []
         ours, theirs = self.horovod_cycle_time_ms, horovod_cycle_time_ms(run)
@@ -274,6 +303,7 @@ class Calibration:
         return ("calibrated under other Horovod settings than the run (" + "; ".join(differences)
                 + "): its coordination traffic and per-call times are not the run's; calibrate with the "
                   "run's environment")
+
     @property
     def workers(self) -> int:
         return self.machines * self.workers_per_machine
@@ -390,6 +420,7 @@ class Calibration:
             "busy_coordination_bytes_per_s": self.busy_coordination_bytes_per_s,
             "measured": self.measured, "where": self.where, "created": self.created,
             "horovod_env": dict(self.horovod_env), "horovod_cycle_time_ms": self.horovod_cycle_time_ms,
+            "rank_cores": self.rank_cores,
             "link_fits": {k: {"overhead_bytes": f.overhead_bytes, "bytes_per_handed_byte": f.bytes_per_handed_byte,
                               "points": [list(p) for p in f.points]} for k, f in sorted(self.link_fits.items())},
         }
@@ -417,7 +448,8 @@ class Calibration:
                        created=str(d.get("created", "")), horovod_env=d.get("horovod_env", {}),
                        busy_coordination_bytes_per_s=d.get("busy_coordination_bytes_per_s"),
                        link_fits=_link_fits(d.get("link_fits", {})),
-                       baseline_compute_time_s=d.get("baseline_compute_time_s", {}))
+                       baseline_compute_time_s=d.get("baseline_compute_time_s", {}),
+                       rank_cores=d.get("rank_cores"))
         except KeyError as e:
             raise ConfigError(f"calibration lacks field {e.args[0]!r}",
                               hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None

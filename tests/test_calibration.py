@@ -17,7 +17,8 @@ def measured() -> Calibration:
                        busy_coordination_bytes_per_s=2.3e4, where="emulated 2x2@1Gbit/s",
                        created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"},
                        link_fits={"alltoall/cross": LinkFit(2400.0, 2.02, points=((256, 2917.0, 28.0),)),
-                                  "alltoall/machine": {"overhead_bytes": 800.0, "bytes_per_handed_byte": 0.0}})
+                                  "alltoall/machine": {"overhead_bytes": 800.0, "bytes_per_handed_byte": 0.0}},
+                       rank_cores=1)
 
 
 def test_round_trip_through_json(tmp_path):
@@ -33,6 +34,7 @@ def test_round_trip_through_json(tmp_path):
     assert back.compute_for("lm_tiny", "sparse_as_dense") == 0.012   # not measured: the runtime's
     assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
     assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
+    assert back.rank_cores == 1
     assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
     assert back.link_fits == cal.link_fits and back.link_fit("alltoall", "cross").overhead_bytes == 2400.0
     assert back.link_fit("alltoall", "machine").points == () and back.link_fit("allgather") is None
@@ -49,13 +51,16 @@ def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults(
     """No horovod_env: Horovod's default 1 ms cycle; no busy rate: the idle rate stands in."""
     d = measured().to_dict()
     for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s", "link_fits",
-                "baseline_compute_time_s"):
+                "baseline_compute_time_s", "rank_cores"):
         del d[key]
     old = Calibration.from_json(json.dumps(d))
     assert not old.baseline_compute_known("lm_tiny") and old.compute_for("lm_tiny", "horovod") == 0.012
     assert old.link_fits == {} and old.payload_framing_factor is None   # the assumed framing, no call bytes
     assert old.horovod_env == {} and old.horovod_cycle_time_ms == 1.0 == DEFAULT_HOROVOD_CYCLE_TIME_MS
     assert old.busy_coordination_bytes_per_s is None and old.step_coordination_bytes_per_s == 6.7e5
+    assert old.rank_cores is None
+    # its ranks' cores were not recorded: a run that records its own is told so
+    assert "cores per rank than the run (not recorded in the calibration" in old.settings_mismatch(None, 1)
 
 
 def test_another_cycle_time_in_the_run_is_named():
@@ -71,6 +76,22 @@ def test_another_cycle_time_in_the_run_is_named():
         Calibration(2, 2, horovod_env={"HOROVOD_CYCLE_TIME": "fast"})
     with pytest.raises(ConfigError, match="horovod_env must map Horovod settings"):
         Calibration(2, 2, horovod_env={"PATH": "/bin"})
+
+
+def test_other_cores_per_rank_in_the_run_are_named():
+    """Ranks bound to one core each compute and wait at other speeds than unbound ones."""
+    cal = measured()   # 1 core per rank
+    assert cal.settings_mismatch({"HOROVOD_CYCLE_TIME": "0.1"}, 1) == ""
+    assert cal.settings_mismatch({"HOROVOD_CYCLE_TIME": "0.1"}, None) == ""   # the run's not known
+    text = cal.settings_mismatch({"HOROVOD_CYCLE_TIME": "0.1"}, 2)
+    assert text == ("calibrated with other cores per rank than the run (1 in the calibration; 2 in the run): its "
+                    "compute and per-call times are not the run's; calibrate again on the run's ranks")
+    both = cal.settings_mismatch({}, 2)   # and another cycle time: both named
+    assert both.startswith("calibrated under other Horovod settings") and ". Calibrated with other cores" in both
+    assert Calibration.defaults(2, 2, 1e9, 25e-6).settings_mismatch({}, 2) == ""   # nothing measured
+    for bad in (0, 1.5, True, "1"):
+        with pytest.raises(ConfigError, match="rank_cores must be a whole number >= 1"):
+            Calibration(2, 2, rank_cores=bad)
 
 
 def test_wrong_shape_names_both_shapes():
@@ -99,6 +120,7 @@ def test_defaults_are_marked_uncalibrated():
     (lambda d: d["fits"].update({"broadcast/all": {"latency_s": 1, "bandwidth_bps": 1}}), "'broadcast/all'"),
     (lambda d: d["compute_time_s"].update(lm_tiny=-1), "compute_time_s['lm_tiny']"),
     (lambda d: d.update(machines=0), "machines must be a whole number"),
+    (lambda d: d.update(rank_cores=-2), "rank_cores must be a whole number >= 1"),
     (lambda d: d["link_fits"]["alltoall/cross"].update(overhead_bytes=-5), "link overhead_bytes must be a finite"),
     (lambda d: d["link_fits"].update({"alltoall/world": {"overhead_bytes": 1, "bytes_per_handed_byte": 1}}),
      "link fit 'alltoall/world'"),

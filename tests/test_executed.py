@@ -115,3 +115,8 @@ def test_the_run_check_warns_of_a_calibration_under_another_cycle_time():
     from parallax_nb.report.html import _step_time_basis
 
     assert "Warning: calibrated under other Horovod settings" in _step_time_basis(other.to_dict())
+    # a calibration that does not record its ranks' cores, against a run whose ranks had 1 each
+    placed = check_step_time(PROFILE, executed, cluster, 0.2, "steps 2-10", cal,
+                             run_horovod_env={"HOROVOD_CYCLE_TIME": "1"}, run_rank_cores=1)
+    assert "calibrated with other cores per rank than the run (not recorded in the calibration" in placed.warning
+    assert "WARNING: calibrated with other cores per rank" in placed.line()

@@ -459,6 +459,9 @@ def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
     for key in ("horovod", "sparse_as_dense"):   # the tiny LM has sparse gradients: the baselines' own
         assert calibration.compute_for("lm-tiny", key) == max(r["compute"]["baselines"][key] for r in per_rank) > 0
     assert calibration.coordination_bytes_per_s == 0.0   # one host: no link to read
+    # 4 ranks on this host's cores: bound to one each when they are at least as many (devices.bind_rank)
+    assert calibration.rank_cores == (1 if LA_MACHINES * LA_WORKERS >= len(os.sched_getaffinity(0)) else
+                                      len(os.sched_getaffinity(0)))
     assert calibration.link_fits == {} and calibration.payload_framing_factor is None
     assert Calibration.from_json(calibration.to_json()) == calibration
 

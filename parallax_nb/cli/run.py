@@ -294,7 +294,7 @@ def step_time_summary(profile, plan, summary: dict, calibration=None) -> str:
         (f"step {steps[-1]}" if steps else "no step")
     try:
         check = check_step_time(profile, ran, spec, summary["step_time_s_median"], steps_text, calibration,
-                                run_horovod_env=summary.get("horovod_env"))
+                                run_horovod_env=summary.get("horovod_env"), run_rank_cores=summary.get("rank_cores"))
     except ParallaxError as e:   # a --profile of another model: the run itself succeeded
         return f"step time: no prediction ({e.message})"
     return check.line() if check is not None else "step time: no step was measured"

@@ -404,7 +404,8 @@ class Run:
         measured, steps = self.measured_step_time_s(), measured_steps_text(records[0]["step"], records[-1]["step"])
         try:
             return check_step_time(self.profile, ran, spec, measured, steps, self.calibration,
-                                   run_horovod_env=self._summary.get("horovod_env"))
+                                   run_horovod_env=self._summary.get("horovod_env"),
+                                   run_rank_cores=self._summary.get("rank_cores"))
         except ParallaxError as e:   # e.g. a profile of another model: the run stands, the reason is shown
             if measured is None or measured != measured:
                 return None

@@ -11,8 +11,9 @@ The run view, the report and the CLI summary all show the same comparison, made 
 * ``error % = 100 * (measured - predicted) / predicted``;
 * a warning when the calibration was taken under other Horovod settings than the run's
   (``run_horovod_env``, the run summary's ``horovod_env``): the cycle time changes the idle
-  link traffic and what each collective waits
-  (:meth:`parallax_nb.calibration.Calibration.settings_mismatch`).
+  link traffic and what each collective waits; or with other cores per rank
+  (``run_rank_cores``, the summary's ``rank_cores``): bound or not, ranks compute at other
+  speeds (:meth:`parallax_nb.calibration.Calibration.settings_mismatch`).
 
 Pure Python.
 """
@@ -38,9 +39,10 @@ def measured_steps_text(first_step: int, last_step: int) -> str:
 
 
 def check_step_time(profile, executed, cluster, measured_step_time_s: float, measured_steps: str,
-                    calibration=None, run_horovod_env=None) -> StepTimeCheck | None:
+                    calibration=None, run_horovod_env=None, run_rank_cores=None) -> StepTimeCheck | None:
     """:class:`StepTimeCheck` of a run (module docstring), or None when the run measured no step.
-    ``run_horovod_env``: the Horovod settings the run ran with (None: not known, no check)."""
+    ``run_horovod_env``: the Horovod settings the run ran with, ``run_rank_cores`` the cores each
+    of its ranks could use (None: not known, no check)."""
     from .estimate import estimate_executed
 
     if measured_step_time_s is None or measured_step_time_s != measured_step_time_s:   # None or NaN
@@ -53,4 +55,4 @@ def check_step_time(profile, executed, cluster, measured_step_time_s: float, mea
     return StepTimeCheck(predicted_step_time_s=float(est.step_time_s),
                          measured_step_time_s=float(measured_step_time_s),
                          measured_steps=measured_steps, basis=basis,
-                         warning=used.settings_mismatch(run_horovod_env) if used is not None else "")
+                         warning=used.settings_mismatch(run_horovod_env, run_rank_cores) if used is not None else "")

@@ -164,5 +164,6 @@ class TrainResult:
             "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
             # what a calibration must have been taken under to predict this run (parallax_nb.calibration)
             "horovod_env": horovod_settings(os.environ),
+            "rank_cores": len(os.sched_getaffinity(0)),   # the cores this rank could use (devices.bind_rank)
         }
 
