@@ -18,3 +18,12 @@ def test_output_dir() -> pathlib.Path:
     out = REPO / "test-output"
     out.mkdir(exist_ok=True)
     return out
+
+
+def shown_text(html_text: str) -> str:
+    """What a reader sees of an HTML fragment: its text without the tags (a name broken into
+    spans at its "/" reads whole)."""
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", html_text))

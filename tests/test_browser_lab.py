@@ -261,6 +261,15 @@ def test_quickstart_runs_in_jupyterlab(lab, executed, test_output_dir):
     assert planner.locator(".widget-slider").count() >= 2, "planner sliders did not render"
     assert planner.locator("table").count() >= 1, "planner cost table did not render"
     assert planner.locator("svg.parallax-chart").count() == 2, "planner charts did not render"
+    # the per-variable table's box stays inside the planner (a wider table scrolls in it, never
+    # past the view's edge), and what the plan decides (method, partitions, the bytes under each
+    # method) is in sight without scrolling
+    edges = planner.evaluate("v => { const t = v.querySelector('table'); const r = e => e.getBoundingClientRect().right;"
+                             " return {view: r(v), box: r(t.parentElement),"
+                             " headers: Array.from(t.querySelectorAll('th')).map(h => [h.innerText, r(h)])}; }")
+    assert edges["box"] <= edges["view"] + 1, f"the planner's table spills past the view: {edges}"
+    in_sight = [text for text, right in edges["headers"] if right <= edges["box"] + 1]
+    assert len(in_sight) >= 5 and in_sight[1:3] == ["method", "partitions"], edges
     for view in ("profile", "planner", "run"):
         box = page.locator(VIEWS[view]).first.bounding_box()
         panel = page.locator(".jp-NotebookPanel").first.bounding_box()

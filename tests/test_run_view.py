@@ -12,6 +12,7 @@ from parallax_nb.errors import DistributedError  # noqa: E402
 from parallax_nb.plan import make_plan  # noqa: E402
 from parallax_nb.types import ClusterSpec, Profile, VariableProfile  # noqa: E402
 from parallax_nb.widgets.run_view import RunView  # noqa: E402
+from conftest import shown_text  # noqa: E402
 
 
 def _profile() -> Profile:
@@ -89,7 +90,7 @@ def test_bytes_table_predicted_vs_measured(planned_run):
     for v in plan.variables:
         assert rows[v.name]["predicted_bytes_per_step"] == pytest.approx(v.bytes_per_step)
     assert view.chart_data()["predicted_bytes_per_step"] == pytest.approx(plan.bytes_per_machine_per_step)
-    assert "measured / predicted" in view.bytes_table.value and "embedding/embeddings" in view.bytes_table.value
+    assert "measured / predicted" in view.bytes_table.value and "embedding/embeddings" in shown_text(view.bytes_table.value)
 
 
 def test_no_prediction_for_another_cluster_without_profile():

@@ -54,7 +54,11 @@ def html_table(header: list[str], rows: list[list[str]], row_styles: list[str] |
                left_columns: int = 1) -> str:
     """A compact table in a horizontally scrolling box (a wide table never overflows the
     notebook); cells are HTML already escaped by the caller. The first ``left_columns``
-    columns are left-aligned (names), the rest right-aligned (numbers)."""
+    columns are left-aligned (names), the rest right-aligned (numbers).
+
+    The box is as wide as the view around it, not as its table: ``width: 0; min-width: 100%``
+    gives the widget that holds it no minimum width, so a wide table scrolls inside the view
+    instead of pushing the widget, and the table with it, past the view's right edge."""
     def align(i):
         return "text-align: left;" if i < left_columns else ""
 
@@ -64,13 +68,16 @@ def html_table(header: list[str], rows: list[list[str]], row_styles: list[str] |
         style = row_styles[r] if row_styles else ""
         tds = "".join(f'<td style="{TD_CSS}{align(i)}">{c}</td>' for i, c in enumerate(cells))
         body.append(f'<tr style="{style}">{tds}</tr>')
-    return (f'<div style="overflow-x: auto; max-width: 100%"><table style="{TABLE_CSS}"><thead><tr>{head}</tr></thead>'
+    return (f'<div style="overflow-x: auto; width: 0; min-width: 100%"><table style="{TABLE_CSS}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def name_cell(name: str) -> str:
-    """A variable name in code type that never wraps inside a word ("softmax/soft max_w")."""
-    return f'<code style="white-space: nowrap; color: {FG}; background: transparent">{esc(name)}</code>'
+    """A variable name in code type that wraps, where its column is too narrow, only after a
+    "/" ("lstm/lstm_cell/" + "recurrent_kernel"), never inside a word ("softmax/soft max_w")."""
+    *dirs, last = name.split("/")
+    parts = "<wbr>".join(f'<span style="white-space: nowrap">{esc(part)}</span>' for part in [f"{d}/" for d in dirs] + [last])
+    return f'<code style="white-space: normal; color: {FG}; background: transparent">{parts}</code>'
 
 
 def card(title: str, value: str, note: str = "", css_class: str = "", mark: str = "") -> str:
