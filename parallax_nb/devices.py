@@ -37,9 +37,10 @@ Bound ranks also wait in MPI without spinning: a rank's core is its TensorFlow t
 and Open MPI busy-polls a waiting collective unless told to yield (it yields by itself only on
 a host it knows oversubscribed). On 2 ranks on 2 cores, bound, the tiny LM's HYBRID step took
 6.3-9.3 ms spinning and 3.0-4.3 ms yielding, plain Horovod's 3.5-6.7 and 2.0-4.7 ms, over five
-alternating launches of each (benchmarks/README.md). :func:`yield_when_idle_args` gives the ``mpirun`` argument for the
-launches parallax_nb starts on one host; :func:`yield_when_idle_default` sets it in a rank's
-own environment before MPI starts, for launches of the user's own ``mpirun``.
+alternating launches of each (benchmarks/README.md). :func:`yield_when_idle_args` gives the
+``mpirun`` argument for the launches parallax_nb starts on one host;
+:func:`yield_when_idle_default` sets it in a rank's own environment before MPI starts, for
+launches of the user's own ``mpirun``.
 """
 from __future__ import annotations
 
