@@ -182,6 +182,12 @@ def current_placement() -> DevicePlacement | None:
     return _placer.current if _placer is not None else None
 
 
+def rank_cores() -> int:
+    """The cores this process may use: one once :func:`bind_rank` bound it (what a calibration
+    and a run record, ``rank_cores``)."""
+    return len(os.sched_getaffinity(0))
+
+
 def cores_are_shared(ranks: int, cores: int) -> bool:
     """``ranks`` on one host with ``cores`` cores share them: at least two ranks, at least as
     many as the cores."""

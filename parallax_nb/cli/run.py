@@ -282,7 +282,7 @@ def step_time_summary(profile, plan, summary: dict, calibration=None) -> str:
     plan's bandwidth and latency) against the median over the steps after the first."""
     if profile is None:
         return "step time: no prediction (pass --profile profile.json, or plan with --arch)"
-    from ..cost.against_run import check_step_time
+    from ..cost.against_run import check_step_time, recorded_settings
     from ..executed import ExecutedPlan
     from ..types import ClusterSpec
 
@@ -294,7 +294,7 @@ def step_time_summary(profile, plan, summary: dict, calibration=None) -> str:
         (f"step {steps[-1]}" if steps else "no step")
     try:
         check = check_step_time(profile, ran, spec, summary["step_time_s_median"], steps_text, calibration,
-                                run_horovod_env=summary.get("horovod_env"), run_rank_cores=summary.get("rank_cores"))
+                                **recorded_settings(summary))
     except ParallaxError as e:   # a --profile of another model: the run itself succeeded
         return f"step time: no prediction ({e.message})"
     return check.line() if check is not None else "step time: no step was measured"

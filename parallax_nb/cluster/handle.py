@@ -396,7 +396,7 @@ class Run:
         topology = self._executed_topology()
         if topology is None:
             return None
-        from ..cost.against_run import check_step_time, measured_steps_text
+        from ..cost.against_run import check_step_time, measured_steps_text, recorded_settings
         from ..types import StepTimeCheck
 
         ran, spec = topology
@@ -404,8 +404,7 @@ class Run:
         measured, steps = self.measured_step_time_s(), measured_steps_text(records[0]["step"], records[-1]["step"])
         try:
             return check_step_time(self.profile, ran, spec, measured, steps, self.calibration,
-                                   run_horovod_env=self._summary.get("horovod_env"),
-                                   run_rank_cores=self._summary.get("rank_cores"))
+                                   **recorded_settings(self._summary))
         except ParallaxError as e:   # e.g. a profile of another model: the run stands, the reason is shown
             if measured is None or measured != measured:
                 return None

@@ -38,6 +38,12 @@ def measured_steps_text(first_step: int, last_step: int) -> str:
     return f"step {last_step}" if first >= last_step else f"steps {first}-{last_step}"
 
 
+def recorded_settings(summary: dict) -> dict:
+    """What a run summary (run.json) records of the settings a calibration must share with the
+    run, as :func:`check_step_time`'s keyword arguments (None where a summary predates one)."""
+    return {"run_horovod_env": summary.get("horovod_env"), "run_rank_cores": summary.get("rank_cores")}
+
+
 def check_step_time(profile, executed, cluster, measured_step_time_s: float, measured_steps: str,
                     calibration=None, run_horovod_env=None, run_rank_cores=None) -> StepTimeCheck | None:
     """:class:`StepTimeCheck` of a run (module docstring), or None when the run measured no step.

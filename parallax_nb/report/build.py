@@ -373,7 +373,7 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
     over its steps after the first. See the module docstring for the basis.
     """
     from .. import cost
-    from ..cost.against_run import calibration_of_shape, check_step_time, measured_steps_text
+    from ..cost.against_run import calibration_of_shape, check_step_time, measured_steps_text, recorded_settings
 
     warnings = []
     run_vars = run["variables"]
@@ -394,7 +394,7 @@ def measured_against_predicted(profile: Profile, plan: Plan, run: dict, calibrat
     else:
         steps_text = measured_steps_text(1, run["steps"])
     step_time = check_step_time(profile, executed, spec, run["step_time_s_median"], steps_text, calibration,
-                                run_horovod_env=run.get("horovod_env"), run_rank_cores=run.get("rank_cores"))
+                                **recorded_settings(run))
     if run["batch_size_per_rank"] != profile.batch_size:
         warnings.append(f"the run used a batch of {run['batch_size_per_rank']} per rank but the profile measured "
                         f"batch {profile.batch_size}: the prediction's alpha and compute time are for the profiled batch")

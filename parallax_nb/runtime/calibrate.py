@@ -93,6 +93,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     import os
 
     from ..calibration import horovod_settings
+    from ..devices import rank_cores
     from .context import barrier, configure_threads, horovod
     from .topology import gather_topology
 
@@ -108,7 +109,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     out = {"rank": hvd.rank(), "machines": machines, "workers_per_machine": per_machine,
            "uniform": topology.uniform, "topology": topology.describe(), "collectives": {}, "compute": None,
            "link": None, "horovod_env": horovod_settings(os.environ),
-           "rank_cores": len(os.sched_getaffinity(0))}   # as Horovod's start placed this rank (devices.bind_rank)
+           "rank_cores": rank_cores()}   # as Horovod's start placed this rank (devices.bind_rank)
     if job is not None:
         out["compute"] = _compute(job, hvd, barrier, warmup_steps, compute_steps, link_interface)
         out["busy_link"] = out["compute"].pop("link")

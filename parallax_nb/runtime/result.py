@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..calibration import horovod_settings
+from ..devices import rank_cores
 from ..types import RUN_SCHEMA, RUN_SCHEMA_VERSION
 
 #: How the runtime treats a row gathered several times in one step (README, "Correctness").
@@ -164,6 +165,6 @@ class TrainResult:
             "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
             # what a calibration must have been taken under to predict this run (parallax_nb.calibration)
             "horovod_env": horovod_settings(os.environ),
-            "rank_cores": len(os.sched_getaffinity(0)),   # the cores this rank could use (devices.bind_rank)
+            "rank_cores": rank_cores(),   # the cores this rank could use (devices.bind_rank)
         }
 
