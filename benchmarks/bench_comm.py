@@ -295,7 +295,9 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     start = time.monotonic()
     steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)
     results = launch({**spec, "warmup_steps": args.warmup, "repeats": args.repeats, "steps_per_repeat": steps,
-                      "bind_cores": args.bind_cores},
+                      "bind_cores": args.bind_cores,
+                      # bench_predict: each configuration's compute timed in its launch (worker.launch_compute)
+                      "compute_control": calibration is not None and getattr(args, "compute_control", False)},
                      config_list, machines, workers, bandwidth, workdir, tag, args.timeout)
     for c, twin in same_as.items():
         if twin in results:

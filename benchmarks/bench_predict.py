@@ -16,7 +16,12 @@ For each setting (workload x network), in one invocation:
 3. **print** predicted against measured step time (median over the timed windows), predicted
    against measured link bytes per machine (on loopback, where there is no link: bytes per
    rank through ``lo``, against the payload), and whether AUTO's plan was the measured
-   fastest configuration or within 5 % of it.
+   fastest configuration or within 5 % of it;
+4. with a calibration, tell the model from the machine: each configuration's compute is timed
+   again in its own launch right before it runs (the calibration's compute figure, no
+   communication: :func:`worker.launch_compute`), and each row also shows the step time the
+   model predicts with that figure and its error (``--no-compute-control`` skips it). On a
+   machine whose speed drifts between launches, a prediction can miss by the drift alone.
 
 Settings: workloads ``lm`` (LM realistic, :data:`bench_comm.WORKLOADS`), ``cnn``,
 ``recommender``; networks ``loop2``, ``loop4`` (2 or 4 ranks on one machine) and emulated
@@ -150,6 +155,38 @@ def predict(profile, machines: int, workers: int, bandwidth: str | None, configs
     return out
 
 
+def with_launch_compute(calibration, model_name: str, config: str, seconds: float):
+    """``calibration`` with ``config``'s compute replaced by ``seconds`` (the runtime's program,
+    or for a Horovod configuration that baseline's): the prediction again, compute aside."""
+    import dataclasses
+
+    baseline = ESTIMATE_KEY[config] if config in ("horovod", "sparse_as_dense") else None
+    if baseline is None:
+        return dataclasses.replace(calibration, compute_time_s={**calibration.compute_time_s, model_name: seconds})
+    own = {**calibration.baseline_compute_time_s.get(model_name, {}), baseline: seconds}
+    return dataclasses.replace(calibration, baseline_compute_time_s={**calibration.baseline_compute_time_s,
+                                                                     model_name: own})
+
+
+def launch_compute_rows(profile, machines: int, workers: int, bandwidth: str | None, run: dict,
+                        calibration) -> dict:
+    """Per configuration run with a calibration: its compute as calibrated and as timed in its
+    own launch right before it ran (:func:`worker.launch_compute`), and the step time the model
+    predicts with the launch's figure. Tells the model's error apart from the machine's drift
+    between calibration and run: a diagnostic, not the prediction a user sees."""
+    out = {}
+    for c, result in run["configs"].items():
+        seconds = result.get("launch_compute_s") if isinstance(result, dict) else None
+        if calibration is None or seconds is None:
+            continue
+        baseline = ESTIMATE_KEY[c] if c in ("horovod", "sparse_as_dense") else None
+        again = predict(profile, machines, workers, bandwidth, [c],
+                        with_launch_compute(calibration, profile.model_name, c, seconds))[c]
+        out[c] = {"calibrated_compute_s": calibration.compute_for(profile.model_name, baseline),
+                  "launch_compute_s": seconds, "predicted_with_launch_compute_s": again["step_time_s"]}
+    return out
+
+
 def measured(config: dict, on_network: bool) -> dict:
     """Median step time over the timed windows, and the link's bytes per machine per step (on
     loopback: kernel bytes per rank per step)."""
@@ -167,8 +204,9 @@ def error_pct(predicted, measured_value):
     return 100.0 * (measured_value - predicted) / predicted
 
 
-def compare_setting(prediction: dict, run: dict, on_network: bool) -> dict:
-    """Rows of predicted against measured, and the AUTO verdict."""
+def compare_setting(prediction: dict, run: dict, on_network: bool, launch_compute: dict | None = None) -> dict:
+    """Rows of predicted against measured, and the AUTO verdict; with ``launch_compute``
+    (:func:`launch_compute_rows`) each row also has its error with the launch's compute."""
     rows = {}
     for c, p in prediction.items():
         result = run["configs"].get(c, {"error": "not run"})
@@ -178,6 +216,10 @@ def compare_setting(prediction: dict, run: dict, on_network: bool) -> dict:
                    "predicted_link_bytes": p["link"]["total_bytes"], "measured_link_bytes": m["link_bytes"],
                    "link_error_pct": error_pct(p["link"]["total_bytes"], m["link_bytes"]),
                    "link_prediction": p["link"], "same_as": result.get("same_as"), "error": result.get("error")}
+        control = (launch_compute or {}).get(c)
+        if control:
+            rows[c].update(control, step_time_error_with_launch_compute_pct=error_pct(
+                control["predicted_with_launch_compute_s"], m["step_time_s"]))
     times = {c: r["measured_step_time_s"] for c, r in rows.items() if r["measured_step_time_s"] is not None}
     verdict = None
     if "auto" in times and len(times) > 1:
@@ -200,11 +242,18 @@ def _pct(x):
     return "-" if x is None else f"{x:+.1f} %"
 
 
+def _compute_pair(row: dict) -> str:
+    if row.get("launch_compute_s") is None:
+        return "-"
+    return f"{_ms(row['calibrated_compute_s'])} / {_ms(row['launch_compute_s'])}"
+
+
 def markdown(doc: dict) -> str:
     """One table: a row per setting and configuration."""
     lines = ["| workload | network | config | step predicted (ms) | step measured (ms) | error | "
+             "compute calibrated / in the launch (ms) | error with the launch's compute | "
              "link pred. (KB/step) | link measured (KB/step) | error | AUTO within 5 % of fastest | calibration |",
-             "|---|---|---|--:|--:|--:|--:|--:|--:|---|---|"]
+             "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"]
     for s in doc["settings"]:
         verdict = s["comparison"]["auto"]
         auto_text = "-" if verdict is None else (
@@ -213,6 +262,7 @@ def markdown(doc: dict) -> str:
             name = c + (f" (= {r['same_as']})" if r["same_as"] else "") + (" FAILED" if r["error"] else "")
             lines.append(f"| {s['workload']} | {s['network']} | {name} | {_ms(r['predicted_step_time_s'])} | "
                          f"{_ms(r['measured_step_time_s'])} | {_pct(r['step_time_error_pct'])} | "
+                         f"{_compute_pair(r)} | {_pct(r.get('step_time_error_with_launch_compute_pct'))} | "
                          f"{_kb(r['predicted_link_bytes'])} | {_kb(r['measured_link_bytes'])} | "
                          f"{_pct(r['link_error_pct'])} | {auto_text if c == 'auto' else ''} | {s['calibration']} |")
     return "\n".join(lines)
@@ -230,7 +280,8 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
                                  args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir,
                                  calibration)
-    comparison = compare_setting(prediction, run, bandwidth is not None)
+    comparison = compare_setting(prediction, run, bandwidth is not None,
+                                 launch_compute_rows(profile, machines, workers, bandwidth, run, calibration))
     return {"workload": name, "network": network, "calibration": how, "calibration_warning": mismatch,
             "run_horovod_env": run_horovod_env(),
             "calibration_figures": calibration.to_dict() if calibration is not None else None,
@@ -249,6 +300,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibration", help="a calibration.json; used for the settings of its cluster shape")
     parser.add_argument("--calibrate", action="store_true", help="calibrate every setting first with px.calibrate")
     parser.add_argument("--quick", action="store_true", help="tiny workloads, loop2 and 2x2@1Gbit/s: the harness")
+    parser.add_argument("--no-compute-control", dest="compute_control", action="store_false",
+                        help="with a calibration, do not time each configuration's compute in its own launch "
+                             "(the rows then lack the error with the launch's compute)")
     bench_comm.add_launch_options(parser, warmup=5, steps=5)
     parser.add_argument("--json", metavar="PATH", help="write every prediction and run here")
     parser.add_argument("--markdown", metavar="PATH", help="write the table here")

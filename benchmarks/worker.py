@@ -111,6 +111,18 @@ def summarise(probe_all: list[dict], spec: dict, ranks: int) -> dict:
     return {"windows": windows, "step_seconds": step_seconds, "losses_first_last": r0.get("losses")}
 
 
+def launch_compute(job, config: dict) -> float:
+    """The calibration's compute figure of ``config``'s program, timed in this launch right
+    before it runs (every rank; :func:`parallax_nb.runtime.calibrate.compute_seconds`)."""
+    from parallax_nb.runtime.calibrate import compute_seconds
+    from parallax_nb.types import PLAIN_HOROVOD, SPARSE_AS_DENSE
+
+    baseline = None
+    if config["kind"] == "horovod":
+        baseline = SPARSE_AS_DENSE if config["sparse_as_dense"] else PLAIN_HOROVOD
+    return compute_seconds(job, baseline)
+
+
 def bind_to_core(rank: int) -> None:
     """Bind every thread of this rank to one core of the host, rank ``r`` to the ``r mod C``-th of
     the ``C`` cores it may use, also when the ranks are fewer than the cores (the runtime binds
@@ -142,6 +154,7 @@ def main(spec_path: str, results_path: str) -> int:
         warmup, repeats, per = schedule["warmup_steps"], schedule["repeats"], schedule["steps_per_repeat"]
         steps = warmup + repeats * per
         probe = WindowProbe([warmup + w * per for w in range(repeats + 1)])
+        compute_s = launch_compute(job, config) if spec.get("compute_control") else None
         start = time.perf_counter()
         methods = run_config(job, config, spec, probe, steps)
         wall = time.perf_counter() - start
@@ -153,7 +166,7 @@ def main(spec_path: str, results_path: str) -> int:
             summary = summarise(everyone, schedule, ranks)
             summary.update(config=config["name"], methods=methods, wall_s=wall, ranks=ranks,
                            schedule={"warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": per},
-                           machines=len({p["netns"] for p in everyone}))
+                           machines=len({p["netns"] for p in everyone}), launch_compute_s=compute_s)
             results[config["name"]] = summary
             tmp = results_path + ".tmp"
             with open(tmp, "w") as f:

@@ -80,11 +80,14 @@ def compute_against_step(steps: int) -> dict:
     training it (AR), and plain Horovod's training it as users write it
     (``benchmarks/baselines.py``), on the same ranks of one launch: ``{"calibration": this
     rank's measure_on_rank figures, "steps_s": this rank's step times, "horovod_steps_s":
-    plain Horovod's}``."""
+    plain Horovod's, "launch_compute_s" and "launch_horovod_compute_s": the same compute
+    figures timed again after the runs (``compute_seconds``, as benchmarks time them beside a
+    run)}``."""
     import sys
 
-    from parallax_nb.runtime.calibrate import measure_on_rank
+    from parallax_nb.runtime.calibrate import compute_seconds, measure_on_rank
     from parallax_nb.runtime.trainer import Trainer
+    from parallax_nb.types import PLAIN_HOROVOD
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     from baselines import horovod_train
@@ -93,8 +96,10 @@ def compute_against_step(steps: int) -> dict:
     calibrated = measure_on_rank(job=job, sizes_bytes=(4 << 10, 64 << 10), repeats=2, idle_s=0.1, compute_steps=10)
     result = Trainer(job, make_plan(job, "ar", None)).run(steps)
     horovod = horovod_train(job, steps)
+    launch = {key: compute_seconds(job, key, compute_steps=10) for key in (None, PLAIN_HOROVOD)}
     return {"calibration": calibrated, "steps_s": [r.step_time_s for r in result.history],
-            "horovod_steps_s": [r.step_time_s for r in horovod]}
+            "horovod_steps_s": [r.step_time_s for r in horovod],
+            "launch_compute_s": launch[None], "launch_horovod_compute_s": launch[PLAIN_HOROVOD]}
 
 
 def stop_asked_on(rank: int, at_poll: int, steps: int) -> dict:

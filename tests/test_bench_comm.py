@@ -76,3 +76,33 @@ def test_bench_predict_gives_the_launch_every_option_it_reads():
     assert read >= {"bind_cores", "steps", "timeout"}, read
     parsed = vars(bench_predict.make_parser().parse_args([]))
     assert read <= set(parsed), sorted(read - set(parsed))
+
+
+def test_bench_predict_reprices_a_configuration_with_the_compute_timed_in_its_launch():
+    """The diagnostic beside each prediction: the same calibration with only that
+    configuration's compute replaced by the figure timed in its launch (the runtime's for
+    parallax plans, the baseline's own for plain Horovod), and the row's error against it."""
+    import bench_predict
+
+    from parallax_nb.calibration import Calibration
+    from parallax_nb.types import PLAIN_HOROVOD, SPARSE_AS_DENSE
+
+    calibration = Calibration(1, 2, compute_time_s={"m": 0.030, "other": 0.010},
+                              baseline_compute_time_s={"m": {PLAIN_HOROVOD: 0.050, SPARSE_AS_DENSE: 0.200}})
+    ar = bench_predict.with_launch_compute(calibration, "m", "ar", 0.040)
+    assert (ar.compute_for("m"), ar.compute_for("m", PLAIN_HOROVOD), ar.compute_for("other")) == (0.040, 0.050, 0.010)
+    horovod = bench_predict.with_launch_compute(calibration, "m", "horovod", 0.070)
+    assert horovod.compute_for("m") == 0.030
+    assert (horovod.compute_for("m", PLAIN_HOROVOD), horovod.compute_for("m", SPARSE_AS_DENSE)) == (0.070, 0.200)
+    assert calibration.compute_for("m") == 0.030 and calibration.compute_for("m", PLAIN_HOROVOD) == 0.050
+
+    prediction = {"ar": {"step_time_s": 0.040, "link": {"total_bytes": 1000.0}}}
+    run = {"configs": {"ar": {"windows": [{"steps_per_s": 20.0, "kernel_bytes_per_rank_per_step": 1000.0}] * 3}}}
+    control = {"ar": {"calibrated_compute_s": 0.030, "launch_compute_s": 0.040, "predicted_with_launch_compute_s": 0.050}}
+    row = bench_predict.compare_setting(prediction, run, False, control)["rows"]["ar"]
+    assert row["step_time_error_pct"] == pytest.approx(25.0)
+    assert row["step_time_error_with_launch_compute_pct"] == pytest.approx(0.0)
+    assert "| 30.0 / 40.0 | +0.0 % |" in bench_predict.markdown(
+        {"settings": [{"workload": "m", "network": "loop2", "calibration": "c",
+                       "comparison": {"rows": {"ar": row}, "auto": None}}]})
+    assert "launch_compute_s" not in bench_predict.compare_setting(prediction, run, False)["rows"]["ar"]

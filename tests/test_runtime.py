@@ -515,6 +515,29 @@ def test_plain_horovods_calibrated_compute_is_the_model_as_keras_builds_it(two_r
     assert 2.0 * runtime <= horovod <= 2.0 * step, (runtime, horovod, step)
 
 
+def test_compute_timed_beside_a_run_is_the_calibrations_figure_of_each_program(two_rank_runs):
+    """``compute_seconds`` (what ``bench_predict`` times in each configuration's launch, to
+    tell the model's error from the machine's drift) on the same launch as above, after the
+    runs: every rank returns the slowest rank's figure, and the program is the one asked for:
+    plain Horovod's (the LM as Keras builds it, its tables copied whole) at least 2 x the
+    runtime's, as in the calibration. Each lies within 2 x its calibrated figure (the drift of
+    2 shared cores over a few seconds)."""
+    from parallax_nb.calibrate import combine
+    from parallax_nb.types import PLAIN_HOROVOD
+
+    per_rank = _COMPUTE_AGAINST_STEP[2]
+    calibration = combine([r["calibration"] for r in per_rank], "loopback")
+    runtime, horovod = per_rank[0]["launch_compute_s"], per_rank[0]["launch_horovod_compute_s"]
+    print(f"\ncompute timed beside the runs: runtime {runtime * 1e3:.1f} ms (calibrated "
+          f"{calibration.compute_for('lm-tiny') * 1e3:.1f}), plain Horovod {horovod * 1e3:.1f} ms (calibrated "
+          f"{calibration.compute_for('lm-tiny', PLAIN_HOROVOD) * 1e3:.1f})")
+    assert all((r["launch_compute_s"], r["launch_horovod_compute_s"]) == (runtime, horovod) for r in per_rank)
+    assert 2.0 * runtime <= horovod, (runtime, horovod)
+    for launch, calibrated in ((runtime, calibration.compute_for("lm-tiny")),
+                               (horovod, calibration.compute_for("lm-tiny", PLAIN_HOROVOD))):
+        assert calibrated / 2.0 <= launch <= 2.0 * calibrated, (launch, calibrated)
+
+
 def test_a_stop_asked_on_one_rank_ends_every_rank_after_the_same_step(three_rank_runs):
     """Only rank 2 asks to stop, from its 3rd poll on (before step 3): its request rides step
     3's loss collective, so every rank ends after step 3, stopped early, polled 3 times."""

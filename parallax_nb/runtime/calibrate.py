@@ -146,31 +146,63 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
 
 def _compute(job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None = None) -> dict:
     from ..job import Job, load_job
-    from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, Kind
-    from .reference import single_device_step, variable_kinds
-    from .sharded import route_embedding_layers
+    from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE
 
     job = job if isinstance(job, Job) else load_job(job)
-    model = job.build_model()
-    route_embedding_layers(model)   # as the runtime's model reads its tables (module docstring)
-    step = single_device_step(job, model, job.make_optimizer())
-    times, link = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, interface, "calibrate_compute")
-    del model, step
+    times, link = _program_steps(job, None, hvd, barrier, warmup_steps, compute_steps, interface)
     # the Horovod baselines run the model as Keras builds it; with no sparse gradient that is
     # the runtime's program, whose figure stands for theirs (module docstring)
     baselines = {}
-    model = job.build_model()
-    if Kind.SPARSE in variable_kinds(job, model).values():
-        for key, sparse in ((PLAIN_HOROVOD, dict(deduplicate_sparse=False)),
-                            (SPARSE_AS_DENSE, dict(densify_sparse=True))):
-            model = model if model is not None else job.build_model()
-            step = single_device_step(job, model, job.make_optimizer(), **sparse)
-            seconds, _ = _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, None,
-                                      f"calibrate_compute_{key}")
+    if _has_sparse_gradient(job):
+        for key in (PLAIN_HOROVOD, SPARSE_AS_DENSE):
+            seconds, _ = _program_steps(job, key, hvd, barrier, warmup_steps, compute_steps, None)
             baselines[key] = statistics.median(seconds)
-            model = step = None   # a fresh model per baseline: each starts from unwritten tables
     return {"model": job.name, "median_step_s": statistics.median(times), "steps_s": times, "link": link,
             "baselines": baselines}
+
+
+def compute_seconds(job, baseline: str | None = None, warmup_steps: int = WARMUP_STEPS,
+                    compute_steps: int = COMPUTE_STEPS) -> float:
+    """A calibration's compute figure for ``job``, measured now in a running launch (every rank
+    calls it at once): the slowest rank's median seconds per step of the runtime's program, or
+    with a Horovod ``baseline`` key (``horovod``, ``sparse_as_dense``) that baseline's program,
+    the runtime's where the model has no sparse gradient (as :func:`measure_on_rank` times them).
+    Benchmarks time it beside a run, to tell a prediction's compute from the machine's drift
+    between the calibration and the run."""
+    from ..job import Job, load_job
+    from .context import barrier, horovod
+
+    hvd = horovod()
+    job = job if isinstance(job, Job) else load_job(job)
+    program = baseline if baseline is not None and _has_sparse_gradient(job) else None
+    seconds, _ = _program_steps(job, program, hvd, barrier, warmup_steps, compute_steps, None)
+    return max(hvd.allgather_object(statistics.median(seconds)))
+
+
+def _has_sparse_gradient(job) -> bool:
+    from ..types import Kind
+    from .reference import variable_kinds
+
+    return Kind.SPARSE in variable_kinds(job, job.build_model()).values()
+
+
+def _program_steps(job, baseline: str | None, hvd, barrier, warmup_steps: int, compute_steps: int,
+                   interface: str | None) -> tuple[list[float], dict | None]:
+    """:func:`_timed_steps` of one program on a fresh model (each starts from unwritten tables):
+    the runtime's (``baseline`` None: its ``Embedding`` layers read as the runtime reads them),
+    plain Horovod's (its ``IndexedSlices`` applied as they come) or ``sparse_as_dense``'s."""
+    from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE
+    from .reference import single_device_step
+    from .sharded import route_embedding_layers
+
+    model = job.build_model()
+    if baseline is None:
+        route_embedding_layers(model)   # as the runtime's model reads its tables (module docstring)
+    options = {None: {}, PLAIN_HOROVOD: dict(deduplicate_sparse=False),
+               SPARSE_AS_DENSE: dict(densify_sparse=True)}[baseline]
+    step = single_device_step(job, model, job.make_optimizer(), **options)
+    return _timed_steps(step, job, hvd, barrier, warmup_steps, compute_steps, interface,
+                        "calibrate_compute" + (f"_{baseline}" if baseline else ""))
 
 
 def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None,
