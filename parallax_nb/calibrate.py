@@ -18,6 +18,7 @@ this process combines their figures:
   the slowest rank); ``baseline_compute_time_s[job name][baseline]`` the same for the Horovod
   baselines' own single-device step (the model as Keras builds it; empty when the model has
   no sparse gradient and they run the runtime's program);
+  ``compute_recheck_time_s[job name]`` the same as ``compute_time_s``, timed again at the end;
 * ``coordination_bytes_per_s`` / ``coordination_packets_per_s`` = the mean over machines of
   what each machine's link carried per second while Horovod ran idle (0 without a link to
   read: on one host, or on real hosts without ``link_interface``);
@@ -212,10 +213,12 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                 link_fits[key] = fit_link([(points[0][0], sum(p[1] for p in points) / len(points),
                                             sum(p[2] for p in points) / len(points))
                                            for points in zip(*readings)])
-    compute, baseline_compute = {}, {}
+    compute, baseline_compute, recheck = {}, {}, {}
     if first["compute"] is not None:
         model = first["compute"]["model"]
         compute[model] = max(r["compute"]["median_step_s"] for r in per_rank)
+        if first.get("compute_recheck_s") is not None:
+            recheck[model] = max(r["compute_recheck_s"] for r in per_rank)
         baseline_compute[model] = {key: max(r["compute"]["baselines"][key] for r in per_rank)
                                    for key in first["compute"]["baselines"]}
     several = first["machines"] > 1
@@ -227,7 +230,7 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                        busy_coordination_bytes_per_s=busy_bytes_per_s if several else 0.0,
                        measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        horovod_env=first.get("horovod_env", {}), link_fits=link_fits,
-                       baseline_compute_time_s=baseline_compute,
+                       baseline_compute_time_s=baseline_compute, compute_recheck_time_s=recheck,
                        rank_cores=max((r["rank_cores"] for r in per_rank if r.get("rank_cores")), default=None))
 
 
@@ -249,6 +252,9 @@ def fits_table(calibration: Calibration) -> str:
                      f"{100 * fit.max_relative_error:>8.1f}% {fit.samples:>5}")
     for model, seconds in sorted(calibration.compute_time_s.items()):
         lines.append(f"compute of {model}: {seconds * 1e3:.1f} ms per step (slowest rank, all ranks computing)")
+        if model in calibration.compute_recheck_time_s:
+            lines.append(f"  again at the end: {calibration.compute_recheck_time_s[model] * 1e3:.1f} ms per step"
+                         + (f"; {calibration.compute_drift(model)}" if calibration.compute_drift(model) else ""))
         for key, baseline_s in sorted(calibration.baseline_compute_time_s.get(model, {}).items()):
             lines.append(f"  as {labels.text(key)} runs it (the model as Keras builds it): "
                          f"{baseline_s * 1e3:.1f} ms per step")

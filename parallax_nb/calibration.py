@@ -34,6 +34,12 @@ cores: about half the steps per second unbound), so a run whose ranks had other 
 calibration that does not record them (written before 2026-11-27, when 2 ranks on 2 cores
 were not bound yet), is named by :meth:`Calibration.settings_mismatch` too.
 
+And for one speed of the cores: the compute is timed at the start of a calibration and again
+at its end (``compute_recheck_time_s``). Where the two differ by more than
+:data:`COMPUTE_DRIFT_NOTED`, the cores' speed moved while calibrating (other work on the
+host, a shared or throttled machine: 2 bound ranks on 2 cores read the LM's compute at 26.5 to
+49.8 ms within minutes), and every estimate made with it says so (:meth:`Calibration.compute_drift`).
+
 Pure Python: no TensorFlow, no numpy.
 """
 from __future__ import annotations
@@ -55,6 +61,9 @@ SCOPES = ("all", "machine", "cross")
 DEFAULT_MACHINE_LATENCY_S = 50e-6
 DEFAULT_MACHINE_BANDWIDTH_BPS = 40e9
 DEFAULT_CALL_OVERHEAD_S = 200e-6
+#: Relative difference of a calibration's two compute readings above which its estimates say
+#: that the cores' speed moved while calibrating (their step times can miss by as much).
+COMPUTE_DRIFT_NOTED = 0.10
 #: Horovod's cycle time when ``HOROVOD_CYCLE_TIME`` is unset (Horovod >= 0.21), milliseconds.
 DEFAULT_HOROVOD_CYCLE_TIME_MS = 1.0
 #: The Horovod variables that change how often its ranks negotiate and how a collective runs,
@@ -209,6 +218,8 @@ class Calibration:
     copy the whole table on every read once a sparse update has written it), measured like
     ``compute_time_s``; ``{}`` for a model with no sparse gradient (they run the runtime's
     program); a model missing here was calibrated before they were measured.
+    ``compute_recheck_time_s``: ``compute_time_s`` timed again at the end of the calibration
+    (module docstring; empty in files written before it was).
     """
 
     machines: int
@@ -225,6 +236,7 @@ class Calibration:
     link_fits: dict = field(default_factory=dict, hash=False)
     baseline_compute_time_s: dict = field(default_factory=dict, hash=False)
     rank_cores: int | None = None
+    compute_recheck_time_s: dict = field(default_factory=dict, hash=False)
 
     def __post_init__(self):
         for name in ("machines", "workers_per_machine"):
@@ -236,6 +248,11 @@ class Calibration:
         object.__setattr__(self, "compute_time_s", {str(k): _finite(f"compute_time_s[{k!r}]", v, strict=True)
                                                     for k, v in dict(self.compute_time_s).items()})
         object.__setattr__(self, "baseline_compute_time_s", _baseline_compute(self.baseline_compute_time_s))
+        recheck = self.compute_recheck_time_s
+        if not isinstance(recheck, dict):
+            raise ConfigError(f"calibration compute_recheck_time_s must map a model to seconds, got {recheck!r}")
+        object.__setattr__(self, "compute_recheck_time_s",
+                           {str(k): _finite(f"compute_recheck_time_s[{k!r}]", v, strict=True) for k, v in recheck.items()})
         for name in ("coordination_bytes_per_s", "coordination_packets_per_s"):
             object.__setattr__(self, name, _finite(name, getattr(self, name)))
         if self.busy_coordination_bytes_per_s is not None:
@@ -362,6 +379,16 @@ class Calibration:
                 return own
         return self.compute_time_s.get(model_name)
 
+    def compute_drift(self, model_name: str) -> str:
+        """A sentence when ``model_name``'s compute read more than :data:`COMPUTE_DRIFT_NOTED`
+        apart at the start and the end of this calibration, else ``""``."""
+        first, again = self.compute_time_s.get(model_name), self.compute_recheck_time_s.get(model_name)
+        if first is None or again is None or abs(again - first) <= COMPUTE_DRIFT_NOTED * min(first, again):
+            return ""
+        return (f"compute drifted {100 * (again - first) / first:+.0f} % while calibrating ({first * 1e3:.1f} ms "
+                f"at the start, {again * 1e3:.1f} ms at the end): the cores' speed moved, and step times can miss "
+                f"by as much")
+
     def baseline_compute_known(self, model_name: str) -> bool:
         """Whether this calibration measured the Horovod baselines' compute of ``model_name``
         (or found it the runtime's program); False for files written before it did."""
@@ -414,6 +441,7 @@ class Calibration:
                          "max_relative_error": f.max_relative_error, "points": [list(p) for p in f.points]}
                      for k, f in sorted(self.fits.items())},
             "compute_time_s": dict(sorted(self.compute_time_s.items())),
+            "compute_recheck_time_s": dict(sorted(self.compute_recheck_time_s.items())),
             "baseline_compute_time_s": {m: dict(sorted(b.items())) for m, b in sorted(self.baseline_compute_time_s.items())},
             "coordination_bytes_per_s": self.coordination_bytes_per_s,
             "coordination_packets_per_s": self.coordination_packets_per_s,
@@ -449,7 +477,8 @@ class Calibration:
                        busy_coordination_bytes_per_s=d.get("busy_coordination_bytes_per_s"),
                        link_fits=_link_fits(d.get("link_fits", {})),
                        baseline_compute_time_s=d.get("baseline_compute_time_s", {}),
-                       rank_cores=d.get("rank_cores"))
+                       rank_cores=d.get("rank_cores"),
+                       compute_recheck_time_s=d.get("compute_recheck_time_s", {}))
         except KeyError as e:
             raise ConfigError(f"calibration lacks field {e.args[0]!r}",
                               hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None

@@ -179,6 +179,29 @@ def test_a_calibration_prices_every_estimate_and_its_compute():
     assert 'class="parallax-time-basis">Times: calibrated on emulated 2x2@1Gbit/s' in summary
 
 
+def test_a_calibration_whose_compute_drifted_says_so_under_the_planners_cards():
+    """Compute read 36.9 ms at the start of the calibration and 47.2 ms at its end: every
+    estimate made with it says so after the calibration's label (the baselines' included), and
+    the planner shows it once, in its times line."""
+    import dataclasses
+
+    from parallax_nb.widgets.planner_view import render_summary
+
+    prof = lm_profile()
+    cal = dataclasses.replace(calibration_2x2(compute_s=0.0369, baseline_compute_s={}),
+                              compute_recheck_time_s={"lm_like": 0.0472})
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    note = ("compute drifted +28 % while calibrating (36.9 ms at the start, 47.2 ms at the end): the cores' "
+            "speed moved, and step times can miss by as much")
+    assert all(e.calibration.endswith("; " + note)
+               for e in compare_architectures(prof, cluster, include_horovod=True, calibration=cal).values())
+    assert estimate(prof, make_plan(prof, cluster, "hybrid"), calibration=cal).compute_time_s == 0.0369
+    summary = render_summary(make_planner(prof, machines=2, workers_per_machine=2, calibration=cal))
+    assert summary.count(note.replace("'", "&#x27;")) == 1, summary
+    steady = dataclasses.replace(cal, compute_recheck_time_s={"lm_like": 0.0380})
+    assert "drifted" not in estimate(prof, make_plan(prof, cluster, "hybrid"), calibration=steady).calibration
+
+
 def test_the_horovod_baselines_are_charged_their_own_calibrated_compute():
     """Plain Horovod and sparse_as_dense run the model as Keras builds it: each estimate takes
     that baseline's own measured compute, everything else the runtime's. A calibration from

@@ -18,7 +18,7 @@ def measured() -> Calibration:
                        created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"},
                        link_fits={"alltoall/cross": LinkFit(2400.0, 2.02, points=((256, 2917.0, 28.0),)),
                                   "alltoall/machine": {"overhead_bytes": 800.0, "bytes_per_handed_byte": 0.0}},
-                       rank_cores=1)
+                       rank_cores=1, compute_recheck_time_s={"lm_tiny": 0.0125})
 
 
 def test_round_trip_through_json(tmp_path):
@@ -34,7 +34,7 @@ def test_round_trip_through_json(tmp_path):
     assert back.compute_for("lm_tiny", "sparse_as_dense") == 0.012   # not measured: the runtime's
     assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
     assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
-    assert back.rank_cores == 1
+    assert back.rank_cores == 1 and back.compute_recheck_time_s == {"lm_tiny": 0.0125}
     assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
     assert back.link_fits == cal.link_fits and back.link_fit("alltoall", "cross").overhead_bytes == 2400.0
     assert back.link_fit("alltoall", "machine").points == () and back.link_fit("allgather") is None
@@ -102,6 +102,32 @@ def test_wrong_shape_names_both_shapes():
     measured().check_shape(2, 2)
 
 
+def test_compute_that_read_apart_at_the_start_and_the_end_is_named_in_every_estimate():
+    """Two compute readings more than 10 % apart: the cores' speed moved while calibrating, and
+    the estimates made with the calibration say so, with both figures; within 10 %, or without
+    the second reading (files from before it), nothing is said."""
+    from parallax_nb.calibrate import fits_table
+    from parallax_nb.cost.timing import time_basis_notes
+    from parallax_nb.types import Profile
+
+    def calibration(first, again):
+        return Calibration(1, 2, compute_time_s={"lm_tiny": first},
+                           compute_recheck_time_s={} if again is None else {"lm_tiny": again})
+
+    drifted = calibration(0.0369, 0.0472)
+    assert drifted.compute_drift("lm_tiny") == ("compute drifted +28 % while calibrating (36.9 ms at the start, "
+                                                "47.2 ms at the end): the cores' speed moved, and step times can "
+                                                "miss by as much")
+    assert calibration(0.0472, 0.0369).compute_drift("lm_tiny").startswith("compute drifted -22 % ")
+    assert calibration(0.030, 0.0329).compute_drift("lm_tiny") == ""   # 9.7 %: within
+    assert calibration(0.030, None).compute_drift("lm_tiny") == ""
+    assert drifted.compute_drift("other") == ""
+    profile = Profile("lm_tiny", batch_size=8, steps=10, step_time_s=0.010, peak_memory_bytes=0, variables=[])
+    assert drifted.compute_drift("lm_tiny") in time_basis_notes(profile, drifted)
+    assert time_basis_notes(profile, calibration(0.030, 0.031)) == ()
+    assert "  again at the end: 47.2 ms per step; compute drifted +28 %" in fits_table(drifted)
+
+
 def test_defaults_are_marked_uncalibrated():
     cal = Calibration.defaults(2, 2, 1e9, 25e-6)
     assert not cal.measured and "uncalibrated" in cal.label
@@ -121,6 +147,9 @@ def test_defaults_are_marked_uncalibrated():
     (lambda d: d["compute_time_s"].update(lm_tiny=-1), "compute_time_s['lm_tiny']"),
     (lambda d: d.update(machines=0), "machines must be a whole number"),
     (lambda d: d.update(rank_cores=-2), "rank_cores must be a whole number >= 1"),
+    (lambda d: d["compute_recheck_time_s"].update(lm_tiny=float("inf")),
+     "compute_recheck_time_s['lm_tiny'] must be a finite number > 0, got inf"),
+    (lambda d: d.update(compute_recheck_time_s=[0.1]), "compute_recheck_time_s must map a model to seconds"),
     (lambda d: d["link_fits"]["alltoall/cross"].update(overhead_bytes=-5), "link overhead_bytes must be a finite"),
     (lambda d: d["link_fits"].update({"alltoall/world": {"overhead_bytes": 1, "bytes_per_handed_byte": 1}}),
      "link fit 'alltoall/world'"),

@@ -456,6 +456,8 @@ def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
             assert t_large > t_small, (key, fit.points)
     assert all(r["compute"]["model"] == "lm-tiny" and len(r["compute"]["steps_s"]) == 5 for r in per_rank)
     assert calibration.compute_for("lm-tiny") == max(r["compute"]["median_step_s"] for r in per_rank) > 0
+    assert calibration.compute_recheck_time_s == {"lm-tiny": max(r["compute_recheck_s"] for r in per_rank)}
+    assert calibration.compute_recheck_time_s["lm-tiny"] > 0
     for key in ("horovod", "sparse_as_dense"):   # the tiny LM has sparse gradients: the baselines' own
         assert calibration.compute_for("lm-tiny", key) == max(r["compute"]["baselines"][key] for r in per_rank) > 0
     assert calibration.coordination_bytes_per_s == 0.0   # one host: no link to read

@@ -79,13 +79,16 @@ def time_basis_notes(profile: Profile, calibration: Calibration, label: str | No
     ``profile``'s model (taken without the job), that the compute is the one-device profile's
     step, which ranks sharing cores or a device exceed; for a Horovod baseline ``label`` from a
     calibration that predates the baselines' own compute, that the compute is the runtime's
-    (tables read by row, not copied whole). Empty when nothing is."""
+    (tables read by row, not copied whole); that the compute read apart at the start and the
+    end of the calibration (:meth:`Calibration.compute_drift`). Empty when nothing is."""
     if calibration.measured and calibration.compute_for(profile.model_name) is None:
         return ("compute: one-device profile, not measured on these ranks",)
+    notes = []
     if calibration.measured and label in KERAS_BUILT and not calibration.baseline_compute_known(profile.model_name):
-        return ("Horovod baselines' compute: parallax_nb's model (tables read by row), not the model as Keras "
-                "builds it; calibrate again to measure theirs",)
-    return ()
+        notes.append("Horovod baselines' compute: parallax_nb's model (tables read by row), not the model as Keras "
+                     "builds it; calibrate again to measure theirs")
+    drift = calibration.compute_drift(profile.model_name) if calibration.measured else ""
+    return (*notes, drift) if drift else tuple(notes)
 
 
 class CallTime(NamedTuple):

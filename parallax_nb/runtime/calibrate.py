@@ -64,6 +64,8 @@ In order, identical on every rank:
 
    ``machine`` and ``cross`` are measured only with several machines of several ranks each
    (otherwise they are the ``all`` calls, or empty).
+5. **Compute again** (with a job): step 2's timing of the runtime's program, repeated
+   (``compute_recheck_s``): whether the cores computed at the same speed from start to end.
 """
 from __future__ import annotations
 
@@ -88,7 +90,8 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     "compute": {"model", "median_step_s", "steps_s", "baselines": {baseline key: median step s}}
     or None, "link" and "busy_link": {"bytes", "packets", "seconds"} or None, "link_per_call":
     {"op/scope": [(bytes, link bytes, link packets) per call, ...]} (local rank 0 with a link to
-    read, else {}), "horovod_env": {Horovod setting: value}}``. ``job``: a
+    read, else {}), "horovod_env": {Horovod setting: value}, "compute_recheck_s": the compute
+    again at the end (with a job)}``. ``job``: a
     :class:`~parallax_nb.job.Job` or a ``module:name`` spec."""
     import os
 
@@ -111,6 +114,9 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
            "link": None, "horovod_env": horovod_settings(os.environ),
            "rank_cores": rank_cores()}   # as Horovod's start placed this rank (devices.bind_rank)
     if job is not None:
+        from ..job import Job, load_job
+
+        job = job if isinstance(job, Job) else load_job(job)
         out["compute"] = _compute(job, hvd, barrier, warmup_steps, compute_steps, link_interface)
         out["busy_link"] = out["compute"].pop("link")
     else:
@@ -141,6 +147,9 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
         # a rank that returns may shut Horovod down while another still waits for its removal
         # to be confirmed (seen once: "Horovod is shutting down" from remove_process_set)
         barrier("calibrate_sets_removed")
+    if job is not None:   # step 5: the compute again, whether the cores' speed held
+        seconds, _ = _program_steps(job, None, hvd, barrier, warmup_steps, compute_steps, None)
+        out["compute_recheck_s"] = statistics.median(seconds)
     return out
 
 
