@@ -106,3 +106,41 @@ def test_bench_predict_reprices_a_configuration_with_the_compute_timed_in_its_la
         {"settings": [{"workload": "m", "network": "loop2", "calibration": "c",
                        "comparison": {"rows": {"ar": row}, "auto": None}}]})
     assert "launch_compute_s" not in bench_predict.compare_setting(prediction, run, False)["rows"]["ar"]
+
+
+def test_predict_repeats_judges_issue_14s_targets_over_every_reading_of_every_invocation():
+    """Two invocations of one setting: a configuration that ran another's program is counted
+    once, a failed one not at all; each row's errors are the median and range over invocations;
+    the targets are judged over every reading (and the error with the launch's compute apart)."""
+    import predict_repeats
+
+    def row(step, link, launch=None, same_as=None, error=None):
+        out = {"step_time_error_pct": step, "link_error_pct": link, "same_as": same_as, "error": error}
+        if launch is not None:
+            out["step_time_error_with_launch_compute_pct"] = launch
+        return out
+
+    def doc(ar, ps, auto_ok):
+        rows = {"ar": ar, "ps": ps, "hybrid": row(None, None, same_as="ar"), "horovod": row(None, None, error="hung")}
+        return {"schema": "parallax_nb.bench_predict", "machine": "m", "finished_utc": "t", "command": "c",
+                "wall_s": 1.0, "settings": [{"workload": "lm", "network": "loop2", "comparison": {
+                    "rows": rows, "auto": {"ok": auto_ok, "fastest": "ar", "auto_behind_pct": 0.0}}}]}
+
+    docs = [doc(row(-10.0, 1.0, launch=2.0), row(20.0, 4.0, launch=-4.0), True),
+            doc(row(12.0, -2.0, launch=8.0), row(-40.0, 6.0, launch=1.0), False)]
+    summary = predict_repeats.summarise(docs)
+    rows = {r["config"]: r for r in summary["rows"]}
+    assert sorted(rows) == ["ar", "ps"]
+    assert rows["ps"]["step_time_error_pct"] == dict(median=-10.0, min=-40.0, max=20.0, runs=2)
+    assert rows["ar"]["link_error_pct"] == dict(median=-0.5, min=-2.0, max=1.0, runs=2)
+    targets = {t["target"].split(":")[0]: t for t in summary["targets"]}
+    step = targets["step error"]
+    assert step["status"] == "MISSED" and step["text"] == "median 16.0 %, largest 40.0 % over 4 readings"
+    launch = targets["step error with the launch's compute"]
+    assert launch["status"] == "MET" and launch["text"] == "median 3.0 %, largest 8.0 % over 4 readings"
+    link = targets["link bytes within 5 % in every reading"]
+    assert link["status"] == "MISSED" and link["text"] == "3 of 4 readings within; outside: lm loop2 ps"
+    auto = next(t for t in summary["targets"] if t["target"].startswith("AUTO"))
+    assert auto["status"] == "MISSED" and auto["text"] == "1 of 2"
+    table = predict_repeats.render(summary, docs)
+    assert "| lm | loop2 | ps | -10.0 % (-40.0 to +20.0) | -1.5 % (-4.0 to +1.0) | +5.0 % (+4.0 to +6.0) |" in table
