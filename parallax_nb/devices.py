@@ -204,11 +204,17 @@ def core_for_rank(rank: int, ranks: int, cores: Sequence[int]) -> int | None:
     return cores[rank % len(cores)]
 
 
+def whole_launch_shares_host(environ: Mapping[str, str]) -> bool:
+    """Whether every rank of the launch shares this host's cores (an emulated cluster's launch
+    says so: :data:`SHARED_HOST_ENV`), not only the ranks Horovod and MPI call local."""
+    return environ.get(SHARED_HOST_ENV) == "1"
+
+
 def ranks_on_this_host(environ: Mapping[str, str] | None = None) -> int:
     """Before MPI starts: the ranks of this launch on this host, as the launcher tells each rank
-    (all of them in an emulated cluster's launch, :data:`SHARED_HOST_ENV`); 0 when it does not."""
+    (all of them where :func:`whole_launch_shares_host`); 0 when it does not."""
     environ = os.environ if environ is None else environ
-    names = (("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if environ.get(SHARED_HOST_ENV) == "1"
+    names = (("OMPI_COMM_WORLD_SIZE", "PMI_SIZE") if whole_launch_shares_host(environ)
              else ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"))
     for name in names:
         try:
@@ -245,13 +251,13 @@ def yield_when_idle_default(environ=None) -> bool:
 def bind_rank(rank: int, ranks: int, local_rank: int, local_size: int,
               environ: Mapping[str, str] | None = None) -> int | None:
     """Bind every thread of this process (threads started later inherit it) to
-    :func:`core_for_rank`'s core among the ranks that share this host: all ``ranks`` when the
-    launch says so (:data:`SHARED_HOST_ENV`), else Horovod's ``local_size``. The core, or None
+    :func:`core_for_rank`'s core among the ranks that share this host: all ``ranks`` where
+    :func:`whole_launch_shares_host`, else Horovod's ``local_size``. The core, or None
     when nothing was bound (also when :data:`BIND_ENV` is ``"0"``)."""
     environ = os.environ if environ is None else environ
     if environ.get(BIND_ENV) == "0":
         return None
-    index, count = (rank, ranks) if environ.get(SHARED_HOST_ENV) == "1" else (local_rank, local_size)
+    index, count = (rank, ranks) if whole_launch_shares_host(environ) else (local_rank, local_size)
     core = core_for_rank(index, count, os.sched_getaffinity(0))
     if core is not None:
         bind_threads(core)
