@@ -277,12 +277,16 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
           + ", ".join(f"{c} {p['step_time_s'] * 1e3:.1f} ms" for c, p in prediction.items()), flush=True)
     if mismatch:
         print(f"   WARNING: {mismatch}", flush=True)
+    drift = calibration.compute_drift(profile.model_name) if calibration is not None else ""
+    if drift:
+        print(f"   NOTE: {drift}", flush=True)
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
                                  args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir,
                                  calibration)
     comparison = compare_setting(prediction, run, bandwidth is not None,
                                  launch_compute_rows(profile, machines, workers, bandwidth, run, calibration))
     return {"workload": name, "network": network, "calibration": how, "calibration_warning": mismatch,
+            "calibration_compute_drift": drift,
             "run_horovod_env": run_horovod_env(),
             "calibration_figures": calibration.to_dict() if calibration is not None else None,
             "prediction": prediction, "run": run, "comparison": comparison}
