@@ -155,12 +155,17 @@ def predict(profile, machines: int, workers: int, bandwidth: str | None, configs
     return out
 
 
+def baseline_of(config: str) -> str | None:
+    """The Horovod baseline key a configuration runs (its own compute program), None for parallax's."""
+    return ESTIMATE_KEY[config] if config in ("horovod", "sparse_as_dense") else None
+
+
 def with_launch_compute(calibration, model_name: str, config: str, seconds: float):
     """``calibration`` with ``config``'s compute replaced by ``seconds`` (the runtime's program,
     or for a Horovod configuration that baseline's): the prediction again, compute aside."""
     import dataclasses
 
-    baseline = ESTIMATE_KEY[config] if config in ("horovod", "sparse_as_dense") else None
+    baseline = baseline_of(config)
     if baseline is None:
         return dataclasses.replace(calibration, compute_time_s={**calibration.compute_time_s, model_name: seconds})
     own = {**calibration.baseline_compute_time_s.get(model_name, {}), baseline: seconds}
@@ -179,10 +184,9 @@ def launch_compute_rows(profile, machines: int, workers: int, bandwidth: str | N
         seconds = result.get("launch_compute_s") if isinstance(result, dict) else None
         if calibration is None or seconds is None:
             continue
-        baseline = ESTIMATE_KEY[c] if c in ("horovod", "sparse_as_dense") else None
         again = predict(profile, machines, workers, bandwidth, [c],
                         with_launch_compute(calibration, profile.model_name, c, seconds))[c]
-        out[c] = {"calibrated_compute_s": calibration.compute_for(profile.model_name, baseline),
+        out[c] = {"calibrated_compute_s": calibration.compute_for(profile.model_name, baseline_of(c)),
                   "launch_compute_s": seconds, "predicted_with_launch_compute_s": again["step_time_s"]}
     return out
 

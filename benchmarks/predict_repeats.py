@@ -53,25 +53,24 @@ def readings(docs: list[dict]) -> list[dict]:
 def summarise(docs: list[dict]) -> dict:
     """Per (workload, network, configuration) the spread of each error over invocations, the
     AUTO verdicts, and the targets over every reading."""
+    every = readings(docs)
     rows: dict = {}
-    for r in readings(docs):
+    for r in every:
         rows.setdefault((r["workload"], r["network"], r["config"]), []).append(r)
     table = [{"workload": w, "network": n, "config": c,
               **{key: spread([r[key] for r in rs if r[key] is not None]) for _, key in ERRORS}}
              for (w, n, c), rs in rows.items()]
     verdicts = [s["comparison"]["auto"] for doc in docs for s in doc["settings"] if s["comparison"].get("auto")]
-    every = readings(docs)
     targets = []
     for label, key in ERRORS[:2]:
         errors = [abs(r[key]) for r in every if r[key] is not None]
+        target = f"{label}: median |error| <= {STEP_MEDIAN_TARGET_PCT:g} %, largest <= {STEP_MAX_TARGET_PCT:g} %"
         if not errors:
-            targets.append({"target": f"{label}: median |error| <= {STEP_MEDIAN_TARGET_PCT:g} %, largest <= "
-                                      f"{STEP_MAX_TARGET_PCT:g} %", "status": "NOT RUN", "text": "no readings"})
+            targets.append({"target": target, "status": "NOT RUN", "text": "no readings"})
             continue
         median, largest = statistics.median(errors), max(errors)
         ok = median <= STEP_MEDIAN_TARGET_PCT and largest <= STEP_MAX_TARGET_PCT
-        targets.append({"target": f"{label}: median |error| <= {STEP_MEDIAN_TARGET_PCT:g} %, largest <= "
-                                  f"{STEP_MAX_TARGET_PCT:g} %", "status": "MET" if ok else "MISSED",
+        targets.append({"target": target, "status": "MET" if ok else "MISSED",
                         "text": f"median {median:.1f} %, largest {largest:.1f} % over {len(errors)} readings"})
     links = [r for r in every if r["link_error_pct"] is not None]
     outside = [r for r in links if abs(r["link_error_pct"]) > LINK_TARGET_PCT]

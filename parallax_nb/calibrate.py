@@ -253,8 +253,9 @@ def fits_table(calibration: Calibration) -> str:
     for model, seconds in sorted(calibration.compute_time_s.items()):
         lines.append(f"compute of {model}: {seconds * 1e3:.1f} ms per step (slowest rank, all ranks computing)")
         if model in calibration.compute_recheck_time_s:
+            drift = calibration.compute_drift(model)
             lines.append(f"  again at the end: {calibration.compute_recheck_time_s[model] * 1e3:.1f} ms per step"
-                         + (f"; {calibration.compute_drift(model)}" if calibration.compute_drift(model) else ""))
+                         + (f"; {drift}" if drift else ""))
         for key, baseline_s in sorted(calibration.baseline_compute_time_s.get(model, {}).items()):
             lines.append(f"  as {labels.text(key)} runs it (the model as Keras builds it): "
                          f"{baseline_s * 1e3:.1f} ms per step")
