@@ -237,6 +237,35 @@ def test_stuck_engines_are_restarted_within_30_s(cluster, job):
     assert not _alive(old), "killed engines are still running"
 
 
+def _send_unregistrations(cluster, engine_ids) -> None:
+    """What the nanny of a replaced engine sends the controller when that engine's process
+    ends: an unregistration naming only its engine id."""
+    import zmq
+
+    client = cluster.client
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.linger = 3000
+    socket.connect(client._config["registration"])
+    for engine_id in engine_ids:
+        client.session.send(socket, "unregistration_request", content={"id": engine_id})
+    socket.close()
+
+
+def test_late_unregistration_of_a_replaced_engine_leaves_its_replacement_running(cluster, job):
+    """A replaced engine's unregistration can reach the controller after its replacement
+    registered (a loaded machine delays the nanny that sends it). It must not end the
+    replacement: the run on the new engines finishes."""
+    old_ids = [e.engine_id for e in cluster.engines]
+    cluster.restart_engines()
+    the_run = run(job, None, engines=2, steps=6, cluster=cluster, wait=False, display=False,
+                  train_fn=_partial(hvd_sgd_train, slow_s=0.3))
+    _wait_for_steps(the_run, 1)
+    _send_unregistrations(cluster, old_ids)
+    the_run.wait(timeout=90)
+    assert the_run.status == "done" and the_run.steps_done == 6, (the_run.status, the_run.message)
+    assert cluster.status().alive
+
+
 @pytest.mark.parametrize("architecture", ["ar", "hybrid"])
 def test_runtime_run_on_tiny_lm(cluster, job, architecture):
     """parallax_nb.runtime.train under a plan: records stream in, real bytes, weights come back.

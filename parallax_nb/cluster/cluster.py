@@ -363,8 +363,7 @@ class Cluster:
     def _wait_for_engines(self, old_pids: frozenset = frozenset()) -> None:
         """Wait until ``n`` engines whose pids are not in ``old_pids`` answer; learn their ranks.
 
-        Engine ids are not proof of freshness: a restarted engine set may register under the
-        ids of the set it replaces, while a dead engine may stay registered until its
+        Engine ids are not proof of freshness: a dead engine may stay registered until its
         heartbeats time out. So every registered engine is asked who it is (rank, host, pid)
         and only new processes count.
         """
@@ -412,6 +411,11 @@ class Cluster:
         self._ipp.stop_engines_sync()
         _terminate(_descendants(list(old_pids)), grace_s=3.0)   # ranks stuck in a collective
         self._engines = ()
+        # Engines started by mpiexec ask for their rank as engine id. A replaced engine's
+        # unregistration (sent by its nanny once the process ended) names only that id, so one
+        # that arrives after a new engine took the same id unregisters the new engine and fails
+        # its task. Replacements ask for no id: the controller numbers them past every id it gave.
+        self._ipp.config.MPIEngineSetLauncher.engine_args = ["--IPEngine.id=None"]
         self._ipp.start_engines_sync(self.n)
         self._wait_for_engines(old_pids)
         make_private(self._ipp.profile_dir)
