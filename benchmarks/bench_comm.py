@@ -25,7 +25,11 @@ Targets (issue 8) are marked MET or MISSED.
 
 Headline figures come from ``--invocations 3`` (or more): whole separate invocations, every
 one kept in the JSON, each figure reported as the median over them with its range
-(:mod:`repeats`); one invocation is a harness check, not a claim.
+(:mod:`repeats`); one invocation is a harness check, not a claim. ``--interleave`` runs the
+windows in rounds, one window of every configuration per round, the order reversed every other
+round, so that configurations compared with each other ran under the same drift of this
+machine's speed (2 shared cores here: the same program's speed moves by up to 1.9x within
+minutes); each round rebuilds and warms up its configuration.
 
 Needs root (network namespaces), Open MPI and Horovod. Prints the table; ``--json`` writes
 every figure.
@@ -216,10 +220,15 @@ def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwid
         before = len(remaining)
         remaining = [c for c in remaining if c["name"] not in done and c["name"] not in errors]
         if remaining and proc.returncode != 0:
-            failed = remaining.pop(0)
-            errors[failed["name"]] = (f"no progress in {timeout_s:.0f} s, killed (a hang); see {log_path}"
-                                      if watchdog.fired else f"launch exited {proc.returncode}; see {log_path}")
-            print(f"    {failed['name']}: FAILED (exit {proc.returncode}, log {log_path})", flush=True)
+            why = (f"no progress in {timeout_s:.0f} s, killed (a hang); see {log_path}"
+                   if watchdog.fired else f"launch exited {proc.returncode}; see {log_path}")
+            # an interleaved launch runs every configuration in every round: which one failed is
+            # in the log, and none has results of its own
+            failed = remaining if spec.get("interleave") else [remaining[0]]
+            for config in failed:
+                errors[config["name"]] = why + (" (interleaved rounds)" if spec.get("interleave") else "")
+                print(f"    {config['name']}: FAILED (exit {proc.returncode}, log {log_path})", flush=True)
+            remaining = [c for c in remaining if c["name"] not in errors]
         elif remaining and len(remaining) == before:
             break
     out = {}
@@ -295,7 +304,7 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     start = time.monotonic()
     steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)
     results = launch({**spec, "warmup_steps": args.warmup, "repeats": args.repeats, "steps_per_repeat": steps,
-                      "bind_cores": args.bind_cores,
+                      "bind_cores": args.bind_cores, "interleave": args.interleave,
                       # bench_predict: each configuration's compute timed in its launch (worker.launch_compute)
                       "compute_control": calibration is not None and getattr(args, "compute_control", False)},
                      config_list, machines, workers, bandwidth, workdir, tag, args.timeout)
@@ -325,6 +334,10 @@ def add_launch_options(parser, warmup: int, steps: int) -> None:
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds a configuration may take (incl. start-up) before it is killed as hung")
+    parser.add_argument("--interleave", action="store_true",
+                        help="run the windows in rounds, one window of every configuration per round, the "
+                             "order reversed every other round: configurations compared under the same drift "
+                             "of the machine's speed (each round rebuilds and warms up the configuration)")
     parser.add_argument("--bind-cores", action="store_true",
                         help="once Horovod has started, bind each rank to core (rank mod cores), every "
                              "configuration alike, also where the ranks are fewer than the cores (where they are "
@@ -378,7 +391,7 @@ def main(argv=None) -> int:
            "machine": report.machine_description(), "python": platform.python_version(),
            "wall_s": time.monotonic() - started, "quick": args.quick,
            "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
-           "bind_cores": args.bind_cores,
+           "bind_cores": args.bind_cores, "interleave": args.interleave,
            "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads},
            "settings": settings}
     doc["targets"] = report.targets(settings)

@@ -3,7 +3,8 @@
 ``python benchmarks/worker.py SPEC.json RESULTS.json`` under mpirun. The spec names the
 workload (``lm``/``cnn``/``recommender``, size, overrides, per-rank batch), the configurations and the
 schedule: ``warmup_steps`` untimed steps, then ``repeats`` windows of ``steps_per_repeat``
-steps each. A configuration is plain Horovod (``sparse_as_dense`` false/true,
+steps each (with ``interleave``: ``repeats`` rounds of one window of every configuration,
+:func:`main`). A configuration is plain Horovod (``sparse_as_dense`` false/true,
 :mod:`baselines`) or parallax_nb's runtime with a plan file (AR, PS, HYBRID, AUTO).
 
 Per window, measured on every rank at the step boundaries (``on_step``):
@@ -15,13 +16,14 @@ Per window, measured on every rank at the step boundaries (``on_step``):
 * kernel bytes: the namespace counters (:mod:`counters`) read by one rank per machine.
 
 Rank 0 rewrites RESULTS.json after each configuration, so a launch that dies part-way keeps
-what it finished; the driver relaunches the rest.
+what it finished; the driver relaunches the rest (an interleaved launch writes once, at the end).
 """
 from __future__ import annotations
 
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -135,13 +137,73 @@ def bind_to_core(rank: int) -> None:
     bind_threads(cores[rank % len(cores)])
 
 
+def run_schedule(job, config: dict, schedule: dict, hvd) -> dict | None:
+    """Run ``config`` on every rank for ``schedule`` (warm-up, then its windows) and, on rank 0,
+    return its summary (:func:`summarise`); None on the other ranks."""
+    rank, ranks = hvd.rank(), hvd.size()
+    warmup, repeats, per = schedule["warmup_steps"], schedule["repeats"], schedule["steps_per_repeat"]
+    probe = WindowProbe([warmup + w * per for w in range(repeats + 1)])
+    compute_s = launch_compute(job, config) if schedule.get("compute_control") else None
+    start = time.perf_counter()
+    methods = run_config(job, config, schedule, probe, warmup + repeats * per)
+    wall = time.perf_counter() - start
+    mine = {"netns": counters.namespace_id(), "accounted": probe.accounted, "by_variable": probe.by_variable,
+            "ends": probe.ends, "readings": {str(k): v for k, v in probe.readings.items()}}
+    everyone = hvd.allgather_object(mine)
+    if rank != 0:
+        return None
+    summary = summarise(everyone, schedule, ranks)
+    summary.update(config=config["name"], methods=methods, wall_s=wall, ranks=ranks,
+                   schedule={"warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": per},
+                   machines=len({p["netns"] for p in everyone}), launch_compute_s=compute_s)
+    return summary
+
+
+def round_order(configs: list, round_index: int) -> list:
+    """The configurations in interleaved round ``round_index`` (from 0): as given, then reversed,
+    in turn, so that each one's rounds sit, on average, at the same time as every other's."""
+    return list(configs) if round_index % 2 == 0 else list(configs)[::-1]
+
+
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One configuration's summaries of interleaved rounds (one window each) as one summary: the
+    windows in round order, the first round's steps (its warm-up traced the step), the walls
+    added, the compute timed before each round as their median."""
+    computes = [r["launch_compute_s"] for r in rounds if r["launch_compute_s"] is not None]
+    first = rounds[0]
+    return {**first, "windows": [w for r in rounds for w in r["windows"]],
+            "losses_first_last": rounds[-1]["losses_first_last"], "wall_s": sum(r["wall_s"] for r in rounds),
+            "schedule": {**first["schedule"], "repeats": len(rounds), "interleaved": True},
+            "launch_compute_s": statistics.median(computes) if computes else None,
+            "launch_compute_rounds_s": computes}
+
+
+def _write(results: dict, results_path: str) -> None:
+    tmp = results_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, results_path)
+
+
+def _print_summary(spec: dict, summary: dict) -> None:
+    w = summary["windows"]
+    print(f"[bench] {spec['workload']} N={summary['ranks']} {summary['config']}: "
+          + ", ".join(f"{x['steps_per_s']:.2f} steps/s" for x in w)
+          + f"; {w[0]['accounted_bytes_per_rank_per_step'] / 1e6:.3f} MB/rank/step accounted, "
+          f"{w[0]['kernel_bytes_per_rank_per_step'] / 1e6:.3f} MB kernel; wall {summary['wall_s']:.1f} s", flush=True)
+
+
 def main(spec_path: str, results_path: str) -> int:
+    """Each configuration in turn, all its windows in one run; or, with ``interleave`` in the
+    spec, ``repeats`` rounds of one window of every configuration, the order reversed every
+    other round (A B C, C B A, ...), so that a machine whose speed drifts over minutes slows
+    every configuration alike. An interleaved launch writes its results once, at the end."""
     with open(spec_path) as f:
         spec = json.load(f)
     from parallax_nb.runtime.context import horovod
 
     hvd = horovod()
-    rank, ranks = hvd.rank(), hvd.size()
+    rank = hvd.rank()
     if spec.get("bind_cores"):
         bind_to_core(rank)
     job = make_job(spec)
@@ -149,36 +211,31 @@ def main(spec_path: str, results_path: str) -> int:
     if rank == 0 and os.path.exists(results_path):
         with open(results_path) as f:
             results = json.load(f)
-    for config in spec["configs"]:
-        schedule = {**spec, **config.get("schedule", {})}  # a slow configuration may take fewer steps
-        warmup, repeats, per = schedule["warmup_steps"], schedule["repeats"], schedule["steps_per_repeat"]
-        steps = warmup + repeats * per
-        probe = WindowProbe([warmup + w * per for w in range(repeats + 1)])
-        compute_s = launch_compute(job, config) if spec.get("compute_control") else None
-        start = time.perf_counter()
-        methods = run_config(job, config, spec, probe, steps)
-        wall = time.perf_counter() - start
-        mine = {"netns": counters.namespace_id(), "accounted": probe.accounted, "by_variable": probe.by_variable,
-                "ends": probe.ends,
-                "readings": {str(k): v for k, v in probe.readings.items()}}
-        everyone = hvd.allgather_object(mine)
-        if rank == 0:
-            summary = summarise(everyone, schedule, ranks)
-            summary.update(config=config["name"], methods=methods, wall_s=wall, ranks=ranks,
-                           schedule={"warmup_steps": warmup, "repeats": repeats, "steps_per_repeat": per},
-                           machines=len({p["netns"] for p in everyone}), launch_compute_s=compute_s)
-            results[config["name"]] = summary
-            tmp = results_path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(results, f, indent=1)
-            os.replace(tmp, results_path)
-            w = summary["windows"]
-            print(f"[bench] {spec['workload']} N={ranks} {config['name']}: "
-                  + ", ".join(f"{x['steps_per_s']:.2f} steps/s" for x in w)
-                  + f"; {w[0]['accounted_bytes_per_rank_per_step'] / 1e6:.3f} MB/rank/step accounted, "
-                  f"{w[0]['kernel_bytes_per_rank_per_step'] / 1e6:.3f} MB kernel; wall {wall:.1f} s", flush=True)
-        del probe, everyone
-        gc.collect()
+    configs = spec["configs"]
+    interleave = bool(spec.get("interleave"))
+    rounds = spec["repeats"] if interleave else 1
+    done: dict[str, list[dict]] = {c["name"]: [] for c in configs}
+    for r in range(rounds):
+        for config in round_order(configs, r):
+            schedule = {**spec, **config.get("schedule", {})}  # a slow configuration may take fewer steps
+            if interleave:
+                schedule["repeats"] = 1
+            summary = run_schedule(job, config, schedule, hvd)
+            if summary is not None:
+                done[config["name"]].append(summary)
+                if not interleave:
+                    results[config["name"]] = summary
+                    _write(results, results_path)
+                    _print_summary(spec, summary)
+                else:
+                    print(f"[bench] round {r + 1} of {rounds}: {config['name']} "
+                          f"{summary['windows'][0]['steps_per_s']:.2f} steps/s", flush=True)
+            gc.collect()
+    if interleave and rank == 0:
+        for config in configs:
+            results[config["name"]] = merge_rounds(done[config["name"]])
+            _print_summary(spec, results[config["name"]])
+        _write(results, results_path)
     from parallax_nb.runtime.context import shutdown
 
     shutdown()

@@ -144,3 +144,28 @@ def test_predict_repeats_judges_issue_14s_targets_over_every_reading_of_every_in
     assert auto["status"] == "MISSED" and auto["text"] == "1 of 2"
     table = predict_repeats.render(summary, docs)
     assert "| lm | loop2 | ps | -10.0 % (-40.0 to +20.0) | -1.5 % (-4.0 to +1.0) | +5.0 % (+4.0 to +6.0) |" in table
+
+
+def test_interleaved_rounds_alternate_the_order_and_merge_into_one_summary():
+    """``--interleave``: every round runs one window of each configuration, the order reversed
+    every other round; a configuration's rounds become one summary whose windows are the
+    rounds' in order (so the median is taken over the same stretch of time for every
+    configuration), with the first round's steps and the compute timed before each round."""
+    import worker
+
+    configs = ["horovod", "ar", "hybrid"]
+    assert [worker.round_order(configs, r) for r in range(3)] == [
+        ["horovod", "ar", "hybrid"], ["hybrid", "ar", "horovod"], ["horovod", "ar", "hybrid"]]
+
+    def one_round(steps_per_s, compute, steps):
+        return {"windows": [{"steps_per_s": steps_per_s}], "step_seconds": steps, "losses_first_last": [steps_per_s],
+                "config": "ar", "methods": {}, "wall_s": 2.0, "ranks": 2, "machines": 1, "launch_compute_s": compute,
+                "schedule": {"warmup_steps": 10, "repeats": 1, "steps_per_repeat": 20}}
+
+    merged = worker.merge_rounds([one_round(30.0, 0.02, [1.0, 0.1]), one_round(20.0, None, [0.9, 0.2]),
+                                  one_round(25.0, 0.04, [0.8, 0.3])])
+    assert [w["steps_per_s"] for w in merged["windows"]] == [30.0, 20.0, 25.0]
+    assert merged["step_seconds"] == [1.0, 0.1] and merged["losses_first_last"] == [25.0]
+    assert merged["schedule"] == {"warmup_steps": 10, "repeats": 3, "steps_per_repeat": 20, "interleaved": True}
+    assert merged["wall_s"] == 6.0
+    assert merged["launch_compute_s"] == pytest.approx(0.03) and merged["launch_compute_rounds_s"] == [0.02, 0.04]
