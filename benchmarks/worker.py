@@ -222,12 +222,12 @@ def main(spec_path: str, results_path: str) -> int:
                 schedule["repeats"] = 1
             summary = run_schedule(job, config, schedule, hvd)
             if summary is not None:
-                done[config["name"]].append(summary)
                 if not interleave:
                     results[config["name"]] = summary
                     _write(results, results_path)
                     _print_summary(spec, summary)
-                else:
+                else:   # kept until every round ran (merge_rounds)
+                    done[config["name"]].append(summary)
                     print(f"[bench] round {r + 1} of {rounds}: {config['name']} "
                           f"{summary['windows'][0]['steps_per_s']:.2f} steps/s", flush=True)
             gc.collect()
