@@ -137,6 +137,9 @@ def run_cases(cases: list[dict]) -> list[dict]:
         if "compute_against_step" in case:
             results.append(compute_against_step(**case["compute_against_step"]))
             continue
+        if "horovod_process_sets" in case:
+            results.append(horovod_process_sets())
+            continue
         if case.get("copy_checkpoint"):
             src, dst = case["copy_checkpoint"]
             from parallax_nb.runtime.context import rank_info
@@ -148,6 +151,16 @@ def run_cases(cases: list[dict]) -> list[dict]:
             barrier("copy_checkpoint")
         results.append(run_case(case))
     return results
+
+
+def horovod_process_sets() -> dict:
+    """The process sets Horovod runs with now (ranks -> id, as the runtime keeps them), and
+    whether Horovod is in its dynamic-sets mode."""
+    from parallax_nb.runtime import context
+
+    context.horovod()
+    return {"sets": {ranks: ps.process_set_id for ranks, ps in context._process_sets.items()},
+            "dynamic": os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS")}
 
 
 def fail_on_rank(failing_rank: int, at_step: int, out_dir: str) -> None:

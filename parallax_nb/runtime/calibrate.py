@@ -140,13 +140,9 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     # the sets of other local indices may still be timing: nobody leaves (and shuts Horovod down) before them
     barrier("calibrate_done")
     if hierarchy is not None and hvd.size() > 1:   # engines go on training: no set a run does not use stays
-        from .context import remove_process_set
+        from .context import remove_process_sets
 
-        for i in range(hierarchy.G):
-            remove_process_set(hierarchy.peers_of(i))
-        # a rank that returns may shut Horovod down while another still waits for its removal
-        # to be confirmed (seen once: "Horovod is shutting down" from remove_process_set)
-        barrier("calibrate_sets_removed")
+        remove_process_sets([hierarchy.peers_of(i) for i in range(hierarchy.G)])
     if job is not None:   # step 5: the compute again, whether the cores' speed held
         seconds, _ = _program_steps(job, None, hvd, barrier, warmup_steps, compute_steps, None)
         out["compute_recheck_s"] = statistics.median(seconds)
@@ -326,10 +322,10 @@ def _collective_calls(hvd, hierarchy) -> dict:
 def _cross_set_calls(hvd, hierarchy) -> dict:
     """Allreduce and allgather among one local index on every machine, in a process set per
     local index (every rank adds all of them, in the same order)."""
-    from .context import process_set
+    from .context import process_sets
 
     h = hierarchy
-    sets = [process_set(h.peers_of(i)) for i in range(h.G)]
+    sets = process_sets([h.peers_of(i) for i in range(h.G)])
     mine = sets[h.local]
     calls = {
         "allreduce/cross": lambda x, i: hvd.allreduce(x, op=hvd.Sum, process_set=mine, name=f"px_cal_ar_cross_{i}"),

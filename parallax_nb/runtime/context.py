@@ -15,6 +15,17 @@ workers and the serving threads needed. Measured on the emulated 2 x 2 cluster (
 parked for the asynchronous steps. Parking is ``hvd.shutdown()`` after a barrier (a
 shutdown ends the Horovod operations of every rank, so none may still be in one); resuming is
 ``hvd.init()`` again, about 1-3 ms each.
+
+Process sets (:func:`process_sets`): the sets a run needs (the ranks of one machine, for
+local aggregation; one local index across machines, for calibration) are given to
+``hvd.init``, and Horovod is restarted (a barrier, ``hvd.shutdown()``, ``hvd.init()`` with the
+longer list) the first time a set is asked for. Horovod's dynamic sets
+(``hvd.add_process_set``) are not used: with them, 4 ranks on 2 emulated machines hung in
+about 1 of 20 launches while adding a machine's set (Horovod 0.28.1; one rank's background
+loop back at its per-cycle allgather while the others were still in the new set's checks),
+and their mode costs every cycle of Horovod's loop an allgather over all ranks. Sets keep
+their place in the list, so a set keeps its Horovod id across restarts and parking, and
+the ``tf.function`` steps that were traced with it stay valid.
 """
 from __future__ import annotations
 
@@ -29,6 +40,7 @@ _initialised = False
 _parked = False      # park_horovod() ran, resume_horovod() not yet
 _abandoned = False   # ... and the run that parked it ended in an error: resume on next use
 _rank_info: "RankInfo | None" = None
+# ranks -> hvd.ProcessSet, in the order Horovod was (re)started with them (module docstring)
 _process_sets: dict[tuple[int, ...], object] = {}
 
 
@@ -60,9 +72,7 @@ def horovod():
         resume_horovod()
     if not _initialised:
         _start_mpi()
-        # "dynamic": process sets (a machine's ranks, one local index across machines) are
-        # added once the run knows its machines (:func:`process_set`)
-        hvd.init(process_sets="dynamic")
+        _init(hvd)
         if not hvd.mpi_enabled():
             raise SetupError("Horovod was built without MPI support",
                              hint="rebuild with HOROVOD_WITH_MPI=1 (scripts/setup.sh does)")
@@ -92,12 +102,11 @@ def _start_mpi() -> None:
 def park_horovod() -> None:
     """Stop Horovod's background thread until :func:`resume_horovod` (module docstring).
     Collective: every rank, after its last Horovod operation before the parked stretch. The
-    process sets die with it and are added again on their next use."""
+    resume starts the same process sets again, under the same ids."""
     global _parked
     hvd = horovod()
     barrier("px_park")
     hvd.shutdown()
-    _process_sets.clear()
     _parked = True
 
 
@@ -109,7 +118,7 @@ def resume_horovod() -> None:
         return
     import horovod.tensorflow as hvd
 
-    hvd.init(process_sets="dynamic")
+    _init(hvd)
     _parked = _abandoned = False
 
 
@@ -121,30 +130,49 @@ def abandon_park() -> None:
     _abandoned = _parked
 
 
-def process_set(ranks: list[int]):
-    """The Horovod process set of ``ranks`` (world ranks, ascending), added on first use.
+def _init(hvd) -> None:
+    """``hvd.init`` with the process sets of :data:`_process_sets`, in their order (static
+    sets: see the module docstring)."""
+    os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)   # static sets only
+    hvd.init(process_sets=list(_process_sets.values()))
 
-    A collective: every rank of the job must ask for the same sets in the same order, members
-    or not (Horovod builds an MPI communicator per set). Kept for the life of the process:
-    engines run many trainings, and Horovod refuses a second set of the same ranks. The
-    world's ranks are Horovod's global set."""
+
+def _restart(hvd) -> None:
+    """Start Horovod again with the sets of :data:`_process_sets` (collective: every rank).
+    The barrier first: a shutdown ends the Horovod operations of every rank."""
+    barrier("px_process_sets")
+    hvd.shutdown()
+    _init(hvd)
+
+
+def process_sets(wanted: list[list[int]]) -> list:
+    """The Horovod process set of each list of world ranks (ascending) in ``wanted``; the
+    world's ranks are Horovod's global set.
+
+    A collective: every rank of the job asks for the same sets in the same order, members or
+    not (Horovod builds an MPI communicator per set). A set asked for the first time restarts
+    Horovod (module docstring); ask for all the sets of one use in one call. Sets are kept
+    for the life of the process: engines run many trainings."""
     hvd = horovod()
-    key = tuple(ranks)
-    if key == tuple(range(hvd.size())):
-        return hvd.global_process_set
-    if key not in _process_sets:
-        _process_sets[key] = hvd.add_process_set(list(key))
-    return _process_sets[key]
+    world = tuple(range(hvd.size()))
+    keys = [tuple(ranks) for ranks in wanted]
+    new = [key for key in dict.fromkeys(keys) if key != world and key not in _process_sets]
+    if new:
+        for key in new:
+            _process_sets[key] = hvd.ProcessSet(list(key))
+        _restart(hvd)
+    return [hvd.global_process_set if key == world else _process_sets[key] for key in keys]
 
 
-def remove_process_set(ranks: list[int]) -> None:
-    """Remove the Horovod process set of ``ranks`` added by :func:`process_set` (a collective,
-    like adding one); a no-op for a set never added. A set that stays costs every cycle of
-    Horovod's loop its negotiation, for the life of the engines."""
+def remove_process_sets(wanted: list[list[int]]) -> None:
+    """Stop the process sets of ``wanted`` that :func:`process_sets` started (a collective,
+    like starting them; a set never started is ignored). A set that stays costs every cycle
+    of Horovod's loop its negotiation, for the life of the engines. Remove the sets asked for
+    last: the sets after a removed one get new ids, which steps traced before do not know."""
     hvd = horovod()
-    added = _process_sets.pop(tuple(ranks), None)
-    if added is not None:
-        hvd.remove_process_set(added)
+    removed = [_process_sets.pop(tuple(ranks)) for ranks in wanted if tuple(ranks) in _process_sets]
+    if removed:
+        _restart(hvd)
 
 
 def rank_info() -> RankInfo:

@@ -18,8 +18,8 @@ mechanism serves both levels:
 Callers describe a step by a split vector over all W ranks (:meth:`Hierarchy.splits`, zero
 for ranks it does not talk to); :meth:`Hierarchy.alltoall` runs a step whose peers are the own
 machine in the machine's process set and hands back what was received as a vector over all
-W ranks again. Every rank adds the N machine sets in the same order when its Hierarchy is
-built (a collective; :func:`.context.process_set`).
+W ranks again. Every rank asks for the N machine sets in the same order when its Hierarchy
+is built (a collective; :func:`.context.process_sets`).
 
 Dense gradients are not aggregated here: a flat allreduce over ranks placed machine by
 machine already crosses machines about as a two-level ring would, in one collective instead
@@ -65,9 +65,9 @@ class Hierarchy:
         self.by_local_index = [r for i in range(self.G) for r in self.peers_of(i)]
         self._sets: dict[tuple[int, ...], object] = {}   # peers -> Horovod process set of a step
         if self.G > 1:
-            from .context import process_set
+            from .context import process_sets
 
-            machine_sets = [process_set(list(range(k * self.G, (k + 1) * self.G))) for k in range(self.N)]
+            machine_sets = process_sets([list(range(k * self.G, (k + 1) * self.G)) for k in range(self.N)])
             self._sets[tuple(self.local_peers)] = machine_sets[self.machine]
         self._peers_of_splits: dict[int, tuple] = {}   # id(split vector) -> (weak ref, peers)
 
