@@ -1,11 +1,13 @@
 """The emulated cluster comes up, shapes its links, runs mpirun across namespaces, and is removed
 (on exit, on an exception, on SIGTERM, and by `python -m parallax_nb.netem cleanup` after kill -9)."""
+import glob
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -26,13 +28,15 @@ ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH
 
 
 def leftovers(cluster_id: str) -> list[str]:
-    """Everything of one cluster still present: namespaces, links, /etc/netns dirs, state file."""
+    """Everything of one cluster still present: namespaces, links, /etc/netns dirs, state file,
+    work folder (its hostfile)."""
     prefix = "pxnb" + cluster_id
     found = [n for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
     found += [n for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else []) if n.startswith(prefix)]
     found += [n for n in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []) if n.startswith(prefix)]
     if os.path.exists(f"/run/parallax_nb-netem/{cluster_id}.json"):
         found.append("state file")
+    found += glob.glob(os.path.join(tempfile.gettempdir(), prefix + "-*"))
     return found
 
 

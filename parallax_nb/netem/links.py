@@ -7,11 +7,13 @@ crash) and never touches objects without the prefix or those of a live owner.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -169,11 +171,20 @@ def remove(record: ClusterRecord) -> list[str]:
         if link.startswith(PREFIX) and link_exists(link):
             run("ip", "link", "del", link, check=False)
             removed.append(f"link {link}")
+    for folder in work_folders(record.cluster_id):
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(f"folder {folder}")
     try:
         os.unlink(record.state_path)
     except FileNotFoundError:
         pass
     return removed
+
+
+def work_folders(cluster_id: str) -> list[str]:
+    """The cluster's work folder (its MPI hostfile), made by its owner in the temporary folder;
+    the owner removes it, ``cleanup`` after a kill -9."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}{cluster_id}-*"))
 
 
 def cleanup_stale(include_live: bool = False) -> list[str]:
