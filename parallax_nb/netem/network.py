@@ -175,9 +175,8 @@ class EmulatedCluster:
         if self._closed:
             return []
         self._closed = True
+        # the record's objects, the work folder (hostfile) included; none before the record
         removed = links.remove(self._record) if self._record is not None else []
-        if self._workdir:
-            shutil.rmtree(self._workdir, ignore_errors=True)
         self._restore_signal_handlers()
         atexit.unregister(self.down)
         return removed
