@@ -410,8 +410,59 @@ def _model_with_bad_layer_name(config):
     return keras.Model(base.input, out)
 
 
+ZERO_ROW = 14   # owned by rank 0 of 2 (row r of P = 2 partitions lives on rank r % 2)
+
+
+def _zero_row_table(shape, dtype=None):
+    """The table's initial values: uniform, but row ZERO_ROW all zeros."""
+    import numpy as np
+
+    values = np.random.default_rng(0).uniform(-1.0, 1.0, shape).astype("float32")
+    values[ZERO_ROW] = 0.0
+    return values
+
+
+def _row_norm_model():
+    """ids (2 per example) -> a table of 16 rows of 4 -> the sum of sqrt(row ** 2): finite at a
+    zero row, whose gradient there is 0 * inf = NaN. The table is the only variable."""
+    import keras
+    import tensorflow as tf
+
+    ids = keras.Input(shape=(2,), dtype="int32", name="ids")
+    rows = keras.layers.Embedding(16, 4, embeddings_initializer=_zero_row_table, name="table")(ids)
+    out = keras.layers.Lambda(lambda e: tf.reduce_sum(tf.sqrt(tf.square(e)), axis=[1, 2])[:, None],
+                              name="row_norm")(rows)
+    return keras.Model(ids, out)
+
+
+def _zero_row_on_rank_1_at_step_3(shard_index: int, num_shards: int, batch_size: int = 8):
+    """ids below ZERO_ROW, but shard 1's batch of step 3 looks ZERO_ROW up."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(shard_index)
+    ids = rng.integers(0, ZERO_ROW, size=(64, 2)).astype("int32")
+    if shard_index == 1:
+        ids[2 * batch_size, 0] = ZERO_ROW
+    labels = rng.normal(size=(64, 1)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((ids, labels))
+
+
+def nan_row_gradient_job():
+    """A finite loss whose gradient is NaN in one row of a PS table, made by rank 1's batch of
+    step 3 only, for a row rank 0 owns."""
+    import keras
+
+    from parallax_nb.job import Job
+
+    return Job(model=_row_norm_model, loss=keras.losses.mean_squared_error,
+               optimizer=lambda: keras.optimizers.SGD(0.1), data=_zero_row_on_rank_1_at_step_3, batch_size=8,
+               name="nan_row_gradient_rank_1")
+
+
 # ----------------------------------------------------------------------------- the grouped launch
-GUARD_CASES = ("nan_lr_ar", "nan_lr_hybrid", "nan_lr_ps", "inf_data_rank_1", "labels_width_7",
+GUARD_CASES = ("nan_lr_ar", "nan_lr_hybrid", "nan_lr_ps", "inf_data_rank_1", "nan_row_gradient_rank_1",
+               "labels_width_7",
                "labels_plain_loss_broadcast", "features_only", "checkpoint_fallback", "all_checkpoints_corrupt",
                "stale_temporary_removed", "layer_name")
 
@@ -420,6 +471,7 @@ def _guard_job(case: str):
     if case.startswith("nan_lr"):
         return recommender_with(learning_rate=1e30, name=f"recommender-{case}")
     return {"inf_data_rank_1": lambda: recommender_with(inf_on_rank_1_at_step_3, name=case),
+            "nan_row_gradient_rank_1": nan_row_gradient_job,
             "labels_width_7": lambda: recommender_with(labels_of_width_7, loss=mean_squared_error, name=case),
             "labels_plain_loss_broadcast": lambda: recommender_with(scalar_labels, loss=squared_error, name=case),
             "features_only": lambda: recommender_with(features_only, name=case),
@@ -447,7 +499,7 @@ def guard_cases(workdir: str, cases=GUARD_CASES) -> dict:
     for case in cases:
         job = _guard_job(case)
         clean = recommender_with()   # the plan comes from the job's model with good data and loss
-        clean = job.replace(data=clean.data, loss=clean.loss)
+        clean = job if case == "nan_row_gradient_rank_1" else job.replace(data=clean.data, loss=clean.loss)
         plan = plan_for_kinds(variable_kinds(clean), _guard_arch(case), model_name=job.name)
         folder = os.path.join(workdir, case)
         steps, kwargs = 6, dict(checkpoint_dir=folder, checkpoint_every=1, step_timeout_s=120)

@@ -336,6 +336,16 @@ def test_nan_stops_the_run_in_its_step_and_nothing_non_finite_is_saved(case, gua
 
 
 @pytest.mark.mpi
+def test_nan_row_gradient_is_named_on_the_rank_whose_batch_made_it(guards):
+    """The loss is finite; one PS row's gradient is NaN, made by rank 1's batch of step 3 for a
+    row rank 0 owns. Rank 1 is named: ranks check the row gradients they send."""
+    r = guards["results"]["nan_row_gradient_rank_1"]
+    assert r["error"] == "NumericError", r
+    _assert_clear(r["message"], r"^step 3: a gradient is not finite on rank\(s\) \[1\];")
+    assert sorted(r["checkpoints"]) == ["ckpt-00000001", "ckpt-00000002"] and all(r["checkpoints"].values())
+
+
+@pytest.mark.mpi
 def test_inf_on_one_rank_names_that_rank_and_step(guards):
     r = guards["results"]["inf_data_rank_1"]
     assert r["error"] == "NumericError", r

@@ -278,6 +278,22 @@ def test_lookups_made_together_are_one_exchange_as_priced(two_rank_runs, local_a
     assert ran == {(("alltoall", 9, "all"),)} and apart - together == 9 - 6
 
 
+def test_the_loss_and_health_allreduce_does_not_wait_for_the_row_gradients(two_rank_runs):
+    """HYBRID's loss and health flags ride one allreduce, issued with the dense gradients': it
+    waits for the lookups' forward exchanges (the loss needs the rows) but not for the row
+    gradients' alltoall, since the flags check the row gradients each rank sends."""
+    cases, per_rank = two_rank_runs
+    checked = 0
+    for i, case in enumerate(cases):
+        if (case["workload"], case["architecture"]) == ("lm", "hybrid"):
+            for r in range(len(per_rank)):
+                after = per_rank[r][i]["carried_after"]
+                assert after is not None and any("px_rows_" in n for n in after), (case, r, after)
+                assert not [n for n in after if "grads_" in n], (case, r, after)
+            checked += 1
+    assert checked >= 2
+
+
 def _rows(case, name) -> int:
     job = runtime_cases.make_job(case["workload"], case["optimizer"])
     model = job.build_model()

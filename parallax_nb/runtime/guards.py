@@ -6,8 +6,10 @@ broadcast against the model's output.
   when rank r's loss is not finite, entry N + r = 1 when one of rank r's gradients is not.
   Averaged over the ranks, entry r is 1/N (> 0) exactly when rank r saw it, so every rank
   learns in the same step which ranks went wrong and all raise the same
-  :class:`NumericError` together (no rank is left waiting in a collective). The cost is one
-  ``reduce_all(is_finite)`` per gradient and 2 N floats more in a collective.
+  :class:`NumericError` together (no rank is left waiting in a collective). A rank checks
+  the gradients its own batch made: for PS sparse variables, the row gradients it sends to
+  their owners. The cost is one ``reduce_all(is_finite)`` per gradient and 2 N floats more in
+  a collective.
 * **Ids.** :func:`checked_ids` asserts ``0 <= id < rows`` inside the lookup, on the global
   ids before any partitioning: one ``reduce_min`` and one ``reduce_max`` per lookup. The
   failed assertion carries the variable, the offending id and the rows; :func:`id_error`
@@ -35,11 +37,13 @@ _BAD_ID = re.compile(re.escape(_BAD_ID_TAG) + r"\]\s*\[([^\]]*)\]\s*\[(-?\d+)\]\
 
 
 # ----------------------------------------------------------------------------- numbers
-def local_health(loss, grads, rank: int, ranks: int) -> tf.Tensor:
-    """This rank's 2 N health flags (module docstring): float32, one-hot at r and N + r."""
+def local_health(loss, grads, rank: int, ranks: int, finite=()) -> tf.Tensor:
+    """This rank's 2 N health flags (module docstring): float32, one-hot at r and N + r.
+    ``finite``: boolean scalars of gradients checked already (the PS row gradients this rank
+    sent), which count as ``grads`` do."""
     loss_bad = tf.logical_not(tf.reduce_all(tf.math.is_finite(tf.cast(loss, tf.float32))))
     finite = [tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
-              for g in grads if g is not None]
+              for g in grads if g is not None] + list(finite)
     grad_bad = tf.logical_not(tf.reduce_all(tf.stack(finite))) if finite else tf.constant(False)
     flags = tf.stack([tf.cast(loss_bad, tf.float32), tf.cast(grad_bad, tf.float32)])
     one_hot = tf.one_hot(rank, ranks, dtype=tf.float32)

@@ -124,6 +124,17 @@ class GradientExchange:
         """Push the step's gradients (:meth:`outgoing`, evaluated) to their owners (asynchronous PS)."""
         self.wire.server.push_many([(name, ids, grad) for name, (ids, grad) in zip(self.outgoing_names(), values)])
 
+    def checked_gradients(self, grads_by_sync: list[list]) -> tuple[list, list]:
+        """What the step's health flags check (:func:`..guards.local_health`): every local
+        gradient but those of the synchronous PS sparse variables, whose partitions' gradients
+        are the owners' sums after the backward alltoall; for those, whether the row gradients
+        this rank sent were finite (:attr:`.exchanges.sparse_ps.ShardedLookupRouter.sent_finite`).
+        So the collective that carries the flags does not wait for that alltoall."""
+        sparse_ps = self.exchanges[(Method.PS, Kind.SPARSE)]
+        routed = {id(sync) for sync in sparse_ps.syncs}
+        grads = [g for sync, gs in zip(self.syncs, grads_by_sync) if id(sync) not in routed for g in gs]
+        return grads, list(sparse_ps.router.sent_finite)
+
     def exchange(self, grads_by_sync: list[list], carried=None) -> tuple[list[tuple], "tf.Tensor | None"]:
         """(grad, variable) pairs for the optimizer, and ``carried`` averaged over the ranks when
         it could ride along with the dense allreduce (None when there was none to ride)."""

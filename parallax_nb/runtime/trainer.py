@@ -381,7 +381,9 @@ class Trainer:
             offset += len(vs)
         # the loss, the 2 N health flags (guards) and this rank's stop request (1.0 when asked:
         # above 0 after averaging when any rank was) ride one collective the step issues anyway
-        carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, flat, self.rank, self.ranks),
+        checked, sent_finite = self.exchange.checked_gradients(grads)
+        carried = tf.concat([tf.reshape(loss, [1]), guards.local_health(loss, checked, self.rank, self.ranks,
+                                                                        sent_finite),
                              tf.reshape(tf.cast(stop, tf.float32), [1])], 0)
         pairs, reduced = self.exchange.exchange(grads, carried if self.ranks > 1 else None)
         pairs, clipping_collectives = self.clipping.clip(pairs)

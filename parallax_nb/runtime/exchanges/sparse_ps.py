@@ -14,6 +14,12 @@ rank touched, that rank's summed gradient as an ``IndexedSlices`` on the owner's
 duplicates inside a rank are summed by the unique/gather, duplicates across ranks by the
 optimizer's scatter. The trainer divides by N so the update is the global-batch mean.
 
+The step's health flags (:mod:`..guards`) check the row gradients a rank sends
+(:attr:`ShardedLookupRouter.sent_finite`), not the sums its partitions receive: a NaN is named
+on the rank whose batch made it, and the collective that carries the flags need not wait for
+the row gradients' alltoall (one dependent round less a step). The owners' sums of finite
+gradients are not checked again; a checkpoint refuses non-finite arrays all the same.
+
 With local aggregation (a :class:`~.hierarchical.Hierarchy`, G ranks per machine) a machine
 asks for each row once: its ranks first gather their unique ids into the machine's union U
 (shared memory); the ids of U owned by a rank of local index j are requested by this
@@ -47,9 +53,11 @@ from .base import Exchange, Wire
 
 
 def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.Tensor, tag: str,
-                  what: str = "rows", hierarchy=None) -> tf.Tensor:
+                  what: str = "rows", hierarchy=None, sent_finite: list | None = None) -> tf.Tensor:
     """alltoall of the rows owners serve back to their requesters, with an explicitly named
-    reverse alltoall as its gradient (row gradients to the owners).
+    reverse alltoall as its gradient (row gradients to the owners). ``sent_finite``: a list
+    that receives, while the backward pass is built, whether every row gradient this rank
+    sends is finite (a boolean scalar).
 
     Every Horovod op of the step carries a name built from the variable and the call
     number: Horovod matches collectives across ranks by name, and automatic names would
@@ -73,7 +81,10 @@ def exchange_rows(served: tf.Tensor, send_splits: tf.Tensor, receive_splits: tf.
         y, _ = alltoall(x, send_splits, f"px_{what}_{tag}")
 
         def grad(dy):
-            dx, _ = alltoall(tf.convert_to_tensor(dy), receive_splits, f"px_{what}grads_{tag}")
+            dy = tf.convert_to_tensor(dy)
+            if sent_finite is not None:
+                sent_finite.append(tf.reduce_all(tf.math.is_finite(dy)))
+            dx, _ = alltoall(dy, receive_splits, f"px_{what}grads_{tag}")
             return dx
 
         return y, grad
@@ -88,7 +99,9 @@ class ShardedLookupRouter:
     on another machine) are written to the ledger under the variable's name: forward ids and
     rows, and the row gradients the backward pass will send (the reverse of the rows), from
     the split sizes handed to the alltoalls. With ``wire.hierarchy`` each machine's lookups
-    are aggregated first (module docstring). ``lookups``: lookups in the last trace.
+    are aggregated first (module docstring). ``lookups``: lookups in the last trace;
+    ``sent_finite``: whether the row gradients this rank sends are finite, one boolean scalar
+    per backward alltoall of the last trace (filled while its gradient is built).
     """
 
     def __init__(self, variables: dict[str, ShardedVariable], wire: Wire):
@@ -100,11 +113,13 @@ class ShardedLookupRouter:
         self.remote = wire.remote
         self.hierarchy = wire.hierarchy
         self.lookups = 0
+        self.sent_finite: list[tf.Tensor] = []
 
     def reset(self) -> None:
         """Start a new trace: lookups are numbered per variable from 0 again."""
         self._calls: dict[str, int] = {}
         self.lookups = 0
+        self.sent_finite = []
 
     def lookup(self, params, ids):
         return self.lookup_many([(params, ids)])[0]
@@ -158,7 +173,8 @@ class ShardedLookupRouter:
         splits = tf.math.bincount(owners, minlength=N, maxlength=N, dtype=tf.int32)
         recv_ids, recv_splits = self._hvd.alltoall(tf.gather(ids, order), splits=splits, name=f"px_ids_{tag}",
                                                    ignore_name_scope=True)
-        rows = exchange_rows(served.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag)
+        rows = exchange_rows(served.local_rows(recv_ids), send_splits=recv_splits, receive_splits=splits, tag=tag,
+                             sent_finite=self.sent_finite)
         self._count(served, splits, recv_splits)
         return tf.gather(rows, tf.argsort(order))
 
@@ -177,7 +193,7 @@ class ShardedLookupRouter:
         counts = [tf.reduce_sum(tf.cast(tf.equal(requester, i), tf.int32)) for i in range(h.G)]
         shared = exchange_rows(tile_rows(my_rows, h.G), send_splits=h.local_splits(tf.shape(my_rows)[0]),
                                receive_splits=h.splits(h.local_peers, counts), tag=tag, what="la_share",
-                               hierarchy=h)
+                               hierarchy=h, sent_finite=self.sent_finite)
         places = tf.concat([tf.cast(tf.where(tf.equal(requester, i))[:, 0], tf.int32) for i in range(h.G)], 0)
         union_rows = tf.gather(shared, tf.math.invert_permutation(places))
         return tf.gather(union_rows, mine)
