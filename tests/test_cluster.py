@@ -219,6 +219,34 @@ def test_killed_rank_fails_the_run_naming_it(cluster, job):
     assert after.status == "done" and victim.pid not in [e.pid for e in cluster.engines]
 
 
+def test_stalled_engine_is_named_when_its_heartbeats_stop(cluster, job):
+    """SIGSTOP of rank 1's engine mid-run: its process runs on but answers nothing. The
+    controller drops it after about 30 s without heartbeats; the error names rank 1 as stalled
+    (not as a process that ended), and the next run works on restarted engines."""
+    import signal
+
+    the_run = run(job, None, engines=2, steps=100000, cluster=cluster, wait=False, display=False,
+                  train_fn=_partial(hvd_sgd_train, slow_s=0.2), failure_grace_s=3.0)
+    _wait_for_steps(the_run, 2)
+    victim = cluster.engines[1]
+    os.kill(victim.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    try:
+        with pytest.raises(DistributedError) as info:
+            the_run.wait(timeout=90)
+        named_s = time.monotonic() - start
+    finally:
+        if _alive([victim.pid]):
+            os.kill(victim.pid, signal.SIGCONT)
+    err = info.value
+    print(f"\nstalled engine named after {named_s:.1f} s: {err}")
+    assert 25 < named_s < 60, named_s
+    assert err.rank == 1 and f"on host {victim.host}" in str(err), str(err)
+    assert "stopped answering the controller's heartbeats" in str(err) and "still runs" in str(err), str(err)
+    after = run(job, None, engines=2, steps=2, cluster=cluster, display=False, train_fn=hvd_sgd_train)
+    assert after.status == "done" and victim.pid not in [e.pid for e in cluster.engines]
+
+
 def test_stuck_engines_are_restarted_within_30_s(cluster, job):
     """An engine that ignores the stop (a 120 s step) is killed and restarted by the dispatcher."""
     old = [e.pid for e in cluster.engines]

@@ -495,6 +495,22 @@ class Cluster:
                 return e.host
         return "?"
 
+    def engine_process_alive(self, engine_id: int) -> bool | None:
+        """Whether the process of engine ``engine_id`` still runs (a zombie has ended): known
+        for engines of this machine and of its emulated machines, whose processes are this
+        machine's; None for engines of a hostfile's hosts and for an engine not of this set."""
+        import psutil
+
+        if self.hostfile is not None and self.network is None:
+            return None
+        for e in self._engines:
+            if e.engine_id == engine_id:
+                try:
+                    return psutil.Process(e.pid).status() != psutil.STATUS_ZOMBIE
+                except psutil.Error:
+                    return False
+        return None
+
     def alive(self) -> bool:
         """True when the controller runs and every engine of the current set is registered."""
         if not self.running or len(self._engines) != self.n:

@@ -159,8 +159,8 @@ class RunController:
                 message = (f"rank {rank} (engine {engine_id} on host {host}) died while training ({how}); "
                            "mpiexec then ended the other ranks")
             else:
-                message = (f"rank {rank} (engine {engine_id} on host {host}) died while training: its process "
-                           "ended (killed, out of memory, or crashed)")
+                message = f"rank {rank} (engine {engine_id} on host {host}) " + _lost_engine(
+                    self.cluster.engine_process_alive(engine_id))
         hint = ("the other ranks are stopped and the engines restarted; the next run waits for them"
                 if others_restarted else "fix the cause above and run again")
         err = DistributedError(message, hint=hint)
@@ -274,6 +274,20 @@ class RunController:
             err.remote_traceback = traceback.format_exc()
             if self.run.status != FAILED:
                 self.run.fail(err)
+
+
+def _lost_engine(process_alive: bool | None) -> str:
+    """How an engine whose task ended in ipyparallel's EngineError was lost, from whether its
+    process still runs (None: unknown, the engine is on another host). The controller drops
+    an engine when its nanny reports the process ended, or after about 30 s without an answer
+    to its heartbeats (10 missed, 3 s apart)."""
+    if process_alive is None:
+        return ("was lost while training: its process ended (killed, out of memory, or crashed) or it stopped "
+                "answering the controller's heartbeats (its host unreachable or stalled)")
+    if process_alive:
+        return ("stopped answering the controller's heartbeats while training (for about 30 s); its process "
+                "still runs, stalled or cut off from the controller")
+    return "died while training: its process ended (killed, out of memory, or crashed)"
 
 
 def _completed_s(async_result) -> float:
