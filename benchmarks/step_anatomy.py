@@ -14,6 +14,12 @@ Per configuration (plain Horovod, then parallax AR / PS / HYBRID with P = N), af
 * ``loop``: the interval between two steps' ends, minus ``step``: the Python around the
   step (data, heartbeats, callbacks, records);
 * the collectives one step issues (from the exchanges' own descriptions).
+
+``--tf-profile DIR``: TensorFlow's profiler records ``--profile-steps`` steps after the warm-up
+of each configuration on rank 0 (into ``DIR/<config>``), and a second table sums its host
+events per step: the traced step's time in TensorFlow's executor, the Python around that call,
+the asynchronous (Horovod) ops a step waited for, and the longest single op. Horovod's own
+timeline of the calls (``HOROVOD_TIMELINE``) is read by ``timeline_calls.py``.
 """
 from __future__ import annotations
 
@@ -62,13 +68,74 @@ class Probe:
         return step, interval - step
 
 
+class ProfiledProbe(Probe):
+    """A :class:`Probe` that, on rank 0, runs TensorFlow's profiler over steps
+    ``warmup + 1 .. warmup + steps`` into ``logdir``."""
+
+    def __init__(self, logdir: str | None, warmup: int, steps: int, rank: int):
+        super().__init__()
+        self.logdir = logdir if rank == 0 else None
+        self.start_at, self.stop_at = warmup, warmup + steps
+        self.profiled = 0
+
+    def __call__(self, record):
+        super().__call__(record)
+        if self.logdir is None:
+            return
+        import tensorflow as tf
+
+        done = len(self.ends)
+        if done == self.start_at:
+            tf.profiler.experimental.start(self.logdir)
+        elif done == self.stop_at:
+            tf.profiler.experimental.stop()
+            self.profiled = self.stop_at - self.start_at
+
+
+def host_profile(logdir: str, steps: int) -> dict:
+    """Per step, from the host events of the profile in ``logdir`` (microseconds): ``call`` the
+    traced step function as Python called it, ``executor`` its run in TensorFlow's executor
+    (``EagerLocalExecute: __inference_...``), ``async_ops`` the asynchronous ops it waited for
+    (``ExecutorState::ProcessAsync::Done``, Horovod's ops), ``longest_op`` the longest op on the
+    executor's threads (summed over the profiled steps, then divided)."""
+    import collections
+    import glob
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    total, count, ops = collections.Counter(), collections.Counter(), collections.Counter()
+    for plane in space.planes:
+        if not plane.name.startswith("/host"):
+            continue
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                total[name] += event.duration_ps / 1e6
+                count[name] += 1
+                if line.name.startswith("tf_Compute") and ":" in name and "::" not in name:   # "<op>:<type>"
+                    ops[name] += event.duration_ps / 1e6
+    executor = sum(us for name, us in total.items() if name.startswith("EagerLocalExecute: __inference_"))
+    call = max((us for name, us in total.items() if name in ("_step", "train_step")), default=0.0)
+    return {"call": call / steps, "executor": executor / steps,
+            "async_ops": count["ExecutorState::ProcessAsync::Done"] / steps,
+            "longest_op": (max(ops.values()) / steps) if ops else 0.0}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="lm_tiny")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--configs", nargs="+", default=["horovod", "ar", "ps", "hybrid"])
+    parser.add_argument("--tf-profile", metavar="DIR", help="profile steps of each configuration on rank 0 here")
+    parser.add_argument("--profile-steps", type=int, default=20)
     args = parser.parse_args()
+    if args.tf_profile and args.profile_steps > args.steps:
+        parser.error(f"--profile-steps {args.profile_steps} is more than --steps {args.steps}")
     from bench_comm import WORKLOADS
     from baselines import horovod_train
     from worker import make_job
@@ -80,9 +147,10 @@ def main() -> int:
     hvd = horovod()
     job = make_job(WORKLOADS[args.workload])
     total = args.warmup + args.steps
-    rows = []
+    rows, profiles = [], {}
     for config in args.configs:
-        probe = Probe()
+        logdir = os.path.join(args.tf_profile, config) if args.tf_profile else None
+        probe = ProfiledProbe(logdir, args.warmup, args.profile_steps, hvd.rank()) if logdir else Probe()
         collectives = "DistributedGradientTape: 1 allreduce per dense gradient (fused by Horovod), 2 allgathers per sparse one"
         if config == "horovod":
             horovod_train(job, total, on_step=probe)
@@ -95,6 +163,8 @@ def main() -> int:
                                     for (m, k), cs in trainer.exchange.collectives().items() if cs)
         step, loop = probe.medians(args.warmup)
         rows.append((config, step, loop, collectives))
+        if logdir and hvd.rank() == 0:
+            profiles[config] = host_profile(logdir, probe.profiled)
     if hvd.rank() == 0:
         floor = compute_floor(job, args.steps)
         print(f"{args.workload}, {hvd.size()} ranks: compute floor (forward + backward, one rank, no collective) "
@@ -104,6 +174,12 @@ def main() -> int:
         for config, step, loop, collectives in rows:
             ratio = f"{(step + loop) / base:.2f}x" if base else "-"
             print(f"  {config:<8} {step * 1e3:8.2f} {loop * 1e3:8.2f} {ratio:>10}  {collectives}")
+        if profiles:
+            print(f"TensorFlow's profiler, rank 0, {args.profile_steps} steps each, per step:")
+            print(f"  {'config':<8} {'executor us':>11} {'python us':>10} {'async ops':>9} {'longest op us':>13}")
+            for config, p in profiles.items():
+                print(f"  {config:<8} {p['executor']:11.0f} {p['call'] - p['executor']:10.0f} {p['async_ops']:9.1f} "
+                      f"{p['longest_op']:13.1f}")
     from parallax_nb.runtime.context import shutdown
 
     shutdown()

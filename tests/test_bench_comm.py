@@ -169,3 +169,41 @@ def test_interleaved_rounds_alternate_the_order_and_merge_into_one_summary():
     assert merged["schedule"] == {"warmup_steps": 10, "repeats": 3, "steps_per_repeat": 20, "interleaved": True}
     assert merged["wall_s"] == 6.0
     assert merged["launch_compute_s"] == pytest.approx(0.03) and merged["launch_compute_rounds_s"] == [0.02, 0.04]
+
+
+def _timeline_events(steps):
+    """A Horovod timeline as rank 0 writes it: per tensor a name row, then per call a
+    negotiation span (with per-rank marks inside) and the operation's span (with phases inside)."""
+    events = [{"name": "process_name", "ph": "M", "pid": 0, "args": {"start_time_since_epoch_in_micros": 1}}]
+    for pid, name in ((1, "px_ids_t"), (2, "px_rows_t"), (3, "other_config")):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}})
+    for k in range(steps):
+        t0 = 10_000 * k
+        for pid, (requested, everyone, start, done) in ((1, (0, 40, 45, 100)), (2, (300, 310, 320, 400))):
+            events += [{"ph": "B", "name": "NEGOTIATE_ALLTOALL", "ts": t0 + requested, "pid": pid},
+                       {"ph": "X", "name": "0", "ts": t0 + requested, "pid": pid, "dur": 0},
+                       {"ph": "E", "ts": t0 + everyone, "pid": pid},
+                       {"ph": "B", "name": "ALLTOALL", "ts": t0 + start, "pid": pid},
+                       {"ph": "B", "name": "MPI_ALLTOALL", "ts": t0 + start + 1, "pid": pid},
+                       {"ph": "E", "ts": t0 + done - 1, "pid": pid},
+                       {"ph": "E", "ts": t0 + done, "pid": pid}]
+        # another configuration's calls, run long after this one's
+        events += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 10**8 + t0, "pid": 3},
+                   {"ph": "E", "ts": 10**8 + t0 + 5, "pid": 3},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": 10**8 + t0 + 6, "pid": 3},
+                   {"ph": "E", "ts": 10**8 + t0 + 9, "pid": 3}]
+    return events
+
+
+def test_timeline_calls_places_each_call_in_its_step(tmp_path):
+    import json
+
+    import timeline_calls
+
+    path = tmp_path / "timeline.json"
+    text = json.dumps(_timeline_events(5))
+    path.write_text(text[:-1] + ",\n")   # as a writer ended early leaves it: no closing bracket
+    calls = timeline_calls.calls_by_tensor(timeline_calls.read_timeline(str(path)))
+    assert calls["px_rows_t"][2] == (20_300, 20_310, 20_400)
+    rows = timeline_calls.step_table(calls, "px_ids_t", skip=1, period=10_000)
+    assert rows == [("px_ids_t", 0, 40, 100), ("px_rows_t", 300, 310, 400)]
