@@ -47,8 +47,9 @@ def run_case(case: dict) -> dict:
            "variables": result.variables, "local_aggregation": result.local_aggregation,
            "placement_at_build": placement_at_build,
            "collectives": {f"{m.value}/{k.value}": [(c.op, c.count, c.participants) for c in calls]
-                           for (m, k), calls in trainer.exchange.collectives().items() if calls},
-           "carried_after": carried_after(trainer, job)}
+                           for (m, k), calls in trainer.exchange.collectives().items() if calls}}
+    if case.get("carried_after"):
+        out["carried_after"] = carried_after(trainer, job)
     if trainer.rank == 0:
         out["weights"] = result.weights
     return out
@@ -65,14 +66,13 @@ def carried_after(trainer, job) -> list[str] | None:
     carried = [op for op in graph.get_operations() if op.type.startswith("Horovod") and "px_ar_carried" in op.name]
     if not carried:
         return None
-    seen, todo = set(), [t.op for op in carried for t in op.inputs] + [c for op in carried for c in op.control_inputs]
+    seen, todo = {}, [t.op for op in carried for t in op.inputs] + [c for op in carried for c in op.control_inputs]
     while todo:
         op = todo.pop()
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        todo.extend([t.op for t in op.inputs] + list(op.control_inputs))
-    return sorted(name for name in seen if graph.get_operation_by_name(name).type.startswith("Horovod"))
+        if op.name not in seen:
+            seen[op.name] = op
+            todo.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    return sorted(name for name, op in seen.items() if op.type.startswith("Horovod"))
 
 
 def _noting_placement(build, into: dict):

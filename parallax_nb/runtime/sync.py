@@ -130,10 +130,9 @@ class GradientExchange:
         are the owners' sums after the backward alltoall; for those, whether the row gradients
         this rank sent were finite (:attr:`.exchanges.sparse_ps.ShardedLookupRouter.sent_finite`).
         So the collective that carries the flags does not wait for that alltoall."""
-        sparse_ps = self.exchanges[(Method.PS, Kind.SPARSE)]
-        routed = {id(sync) for sync in sparse_ps.syncs}
-        grads = [g for sync, gs in zip(self.syncs, grads_by_sync) if id(sync) not in routed for g in gs]
-        return grads, list(sparse_ps.router.sent_finite)
+        key = (Method.PS, Kind.SPARSE)
+        grads = [g for sync, gs in zip(self.syncs, grads_by_sync) if sync.key != key for g in gs]
+        return grads, list(self.exchanges[key].router.sent_finite)
 
     def exchange(self, grads_by_sync: list[list], carried=None) -> tuple[list[tuple], "tf.Tensor | None"]:
         """(grad, variable) pairs for the optimizer, and ``carried`` averaged over the ranks when
