@@ -15,6 +15,12 @@ Per configuration (plain Horovod, then parallax AR / PS / HYBRID with P = N), af
   step (data, heartbeats, callbacks, records);
 * the collectives one step issues (from the exchanges' own descriptions).
 
+``--thread-cpu``: the CPU time each rank's threads used per step over the measured steps (the
+kernel's per-thread counters, ``/proc/self/task``; 10 ms ticks, so a figure moves by about
+10 ms / steps): the main (Python) thread, the threads the first ``hvd.init`` started (Horovod's
+background loop and MPI's), and every other thread (TensorFlow's). Where a rank's CPU per
+step is its whole step, the rank is bound by its core, not by waiting.
+
 ``--tf-profile DIR``: TensorFlow's profiler records ``--profile-steps`` steps after the warm-up
 of each configuration on rank 0 (into ``DIR/<config>``), and a second table sums its host
 events per step: the traced step's time in TensorFlow's executor, the Python around that call,
@@ -55,12 +61,15 @@ def compute_floor(job, steps: int) -> float:
 
 
 class Probe:
-    def __init__(self):
+    def __init__(self, cpu: ThreadCpu | None = None):
         self.ends, self.steps = [], []
+        self.cpu = cpu
 
     def __call__(self, record):
         self.ends.append(time.perf_counter())
         self.steps.append(record.step_time_s)
+        if self.cpu is not None:
+            self.cpu(len(self.ends))
 
     def medians(self, warmup: int) -> tuple[float, float]:
         step = statistics.median(self.steps[warmup:])
@@ -68,12 +77,56 @@ class Probe:
         return step, interval - step
 
 
+def thread_cpu() -> dict[int, float]:
+    """CPU seconds (user + system) each thread of this process has used so far."""
+    import glob
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in glob.glob("/proc/self/task/*"):
+        try:
+            with open(os.path.join(task, "stat")) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:   # the thread ended
+            continue
+        out[int(os.path.basename(task))] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class ThreadCpu:
+    """CPU per step of the main thread, of ``horovod`` (the threads ``hvd.init`` started) and of
+    every other thread, from the end of step ``start`` to the end of step ``end`` (read at those
+    two steps only: a read takes about 0.3 ms)."""
+
+    def __init__(self, horovod: set[int], start: int, end: int):
+        self.horovod, self.start, self.end = horovod, start, end
+        self.first = self.last = None
+        self.steps = 0
+
+    def __call__(self, done: int) -> None:
+        if done == self.start:
+            self.first = thread_cpu()
+        elif done == self.end:
+            self.last, self.steps = thread_cpu(), done - self.start
+
+    def per_step(self) -> dict[str, float]:
+        """Seconds per step: ``main``, ``horovod``, ``other`` and ``total``."""
+        if not self.steps:
+            return {}
+        parts = {"main": 0.0, "horovod": 0.0, "other": 0.0}
+        for tid, cpu in self.last.items():
+            used = cpu - self.first.get(tid, 0.0)
+            part = "main" if tid == os.getpid() else "horovod" if tid in self.horovod else "other"
+            parts[part] += used / self.steps
+        return {**parts, "total": sum(parts.values())}
+
+
 class ProfiledProbe(Probe):
     """A :class:`Probe` that, on rank 0, runs TensorFlow's profiler over steps
     ``warmup + 1 .. warmup + steps`` into ``logdir``."""
 
-    def __init__(self, logdir: str | None, warmup: int, steps: int, rank: int):
-        super().__init__()
+    def __init__(self, logdir: str | None, warmup: int, steps: int, rank: int, cpu: ThreadCpu | None = None):
+        super().__init__(cpu)
         self.logdir = logdir if rank == 0 else None
         self.start_at, self.stop_at = warmup, warmup + steps
         self.profiled = 0
@@ -133,6 +186,8 @@ def main() -> int:
     parser.add_argument("--configs", nargs="+", default=["horovod", "ar", "ps", "hybrid"])
     parser.add_argument("--tf-profile", metavar="DIR", help="profile steps of each configuration on rank 0 here")
     parser.add_argument("--profile-steps", type=int, default=20)
+    parser.add_argument("--thread-cpu", action="store_true",
+                        help="the CPU time per step of the main thread, Horovod's and MPI's threads, and the others")
     args = parser.parse_args()
     if args.tf_profile and args.profile_steps > args.steps:
         parser.error(f"--profile-steps {args.profile_steps} is more than --steps {args.steps}")
@@ -144,13 +199,16 @@ def main() -> int:
     from parallax_nb.runtime.reference import variable_kinds
     from parallax_nb.runtime.trainer import Trainer
 
+    before = set(thread_cpu())
     hvd = horovod()
+    started_by_horovod = set(thread_cpu()) - before
     job = make_job(WORKLOADS[args.workload])
     total = args.warmup + args.steps
-    rows, profiles = [], {}
+    rows, profiles, cpu = [], {}, {}
     for config in args.configs:
         logdir = os.path.join(args.tf_profile, config) if args.tf_profile else None
-        probe = ProfiledProbe(logdir, args.warmup, args.profile_steps, hvd.rank()) if logdir else Probe()
+        threads = ThreadCpu(started_by_horovod, args.warmup, total) if args.thread_cpu else None
+        probe = ProfiledProbe(logdir, args.warmup, args.profile_steps, hvd.rank(), threads) if logdir else Probe(threads)
         collectives = "DistributedGradientTape: 1 allreduce per dense gradient (fused by Horovod), 2 allgathers per sparse one"
         if config == "horovod":
             horovod_train(job, total, on_step=probe)
@@ -165,6 +223,8 @@ def main() -> int:
         rows.append((config, step, loop, collectives))
         if logdir and hvd.rank() == 0:
             profiles[config] = host_profile(logdir, probe.profiled)
+        if threads is not None:
+            cpu[config] = (threads.per_step(), probe.ends)
     if hvd.rank() == 0:
         floor = compute_floor(job, args.steps)
         print(f"{args.workload}, {hvd.size()} ranks: compute floor (forward + backward, one rank, no collective) "
@@ -180,6 +240,14 @@ def main() -> int:
             for config, p in profiles.items():
                 print(f"  {config:<8} {p['executor']:11.0f} {p['call'] - p['executor']:10.0f} {p['async_ops']:9.1f} "
                       f"{p['longest_op']:13.1f}")
+        if cpu:
+            print("CPU per step by thread, rank 0, over the measured steps (10 ms ticks: about "
+                  f"{10e3 / args.steps:.0f} us per step of resolution):")
+            print(f"  {'config':<8} {'period us':>9} {'all us':>7} {'main us':>8} {'Horovod+MPI us':>14} {'other us':>9}")
+            for config, (c, ends) in cpu.items():
+                period = (ends[-1] - ends[args.warmup - 1]) / (len(ends) - args.warmup)
+                print(f"  {config:<8} {period * 1e6:9.0f} {c['total'] * 1e6:7.0f} {c['main'] * 1e6:8.0f} "
+                      f"{c['horovod'] * 1e6:14.0f} {c['other'] * 1e6:9.0f}")
     from parallax_nb.runtime.context import shutdown
 
     shutdown()

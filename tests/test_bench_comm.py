@@ -207,3 +207,45 @@ def test_timeline_calls_places_each_call_in_its_step(tmp_path):
     assert calls["px_rows_t"][2] == (20_300, 20_310, 20_400)
     rows = timeline_calls.step_table(calls, "px_ids_t", skip=1, period=10_000)
     assert rows == [("px_ids_t", 0, 40, 100), ("px_rows_t", 300, 310, 400)]
+
+
+def test_thread_cpu_splits_a_step_between_main_horovod_and_other_threads():
+    import threading
+    import time
+
+    from step_anatomy import ThreadCpu
+
+    def spin(seconds):
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    go, spun, read, tids = threading.Barrier(3), threading.Barrier(3), threading.Event(), {}
+
+    def worker(name, seconds):   # counted only while it lives: it waits until the last read
+        tids[name] = threading.get_native_id()
+        go.wait()
+        spin(seconds)
+        spun.wait()
+        read.wait(10)
+
+    threads = [threading.Thread(target=worker, args=("horovod", 0.4)), threading.Thread(target=worker, args=("tf", 0.2))]
+    for t in threads:
+        t.start()
+    while len(tids) < 2:
+        time.sleep(0.01)
+    cpu = ThreadCpu({tids["horovod"]}, start=1, end=3)
+    cpu(1)
+    go.wait()
+    spin(0.3)   # the main thread
+    spun.wait()
+    cpu(2)   # neither the start nor the end: not read
+    cpu(3)
+    read.set()
+    for t in threads:
+        t.join()
+    per_step = cpu.per_step()   # two steps
+    assert per_step["horovod"] == pytest.approx(0.2, abs=0.03)
+    assert per_step["other"] == pytest.approx(0.1, abs=0.03)
+    assert per_step["main"] == pytest.approx(0.15, abs=0.03)
+    assert per_step["total"] == pytest.approx(sum(per_step[k] for k in ("main", "horovod", "other")))

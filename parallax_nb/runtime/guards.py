@@ -11,7 +11,8 @@ broadcast against the model's output.
   their owners. The cost is one ``reduce_all(is_finite)`` per gradient and 2 N floats more in
   a collective.
 * **Ids.** :func:`checked_ids` asserts ``0 <= id < rows`` inside the lookup, on the global
-  ids before any partitioning: one ``reduce_min`` and one ``reduce_max`` per lookup. The
+  ids before any partitioning: one ``reduce_min`` and one ``reduce_max`` per lookup (once for
+  tables of one row count looked up at one ids tensor, as the sampled softmax's). The
   failed assertion carries the variable, the offending id and the rows; :func:`id_error`
   turns TensorFlow's error into a :class:`JobError` in the user's terms.
 * **Labels.** :func:`label_problem` applies the loss's broadcasting rules once, on the first
@@ -146,6 +147,11 @@ def label_problem(y, y_pred, loss_value) -> str | None:
             f"every label would be compared with every output instead of its own")
 
 
+def _rows(params):
+    shape = getattr(params, "shape", None)
+    return None if shape is None or not len(shape) else shape[0]
+
+
 class CheckedLookups:
     """A lookup router that checks every lookup's ids (:func:`checked_ids`) before ``router``
     serves it; lookups ``router`` does not serve are a local ``tf.gather`` of the checked ids."""
@@ -163,8 +169,12 @@ class CheckedLookups:
         # pairs at one ids object keep sharing one (checked against each of their tables), so
         # that the router still sees them looked up together
         checked: dict[int, object] = {}
+        rows_checked: set[tuple] = set()   # tables of one row count at one ids tensor: checked once
         for params, ids in pairs:
-            checked[id(ids)] = checked_ids(params, checked.get(id(ids), ids))
+            key = (id(ids), _rows(params))
+            if key not in rows_checked:
+                rows_checked.add(key)
+                checked[id(ids)] = checked_ids(params, checked.get(id(ids), ids))
         pairs = [(params, checked[id(ids)]) for params, ids in pairs]
         return [ops.local_gather(params, ids) if rows is None else rows
                 for rows, (params, ids) in zip(ops.routed(self.router, pairs), pairs)]
