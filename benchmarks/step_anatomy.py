@@ -204,7 +204,7 @@ def main() -> int:
     started_by_horovod = set(thread_cpu()) - before
     job = make_job(WORKLOADS[args.workload])
     total = args.warmup + args.steps
-    rows, profiles, cpu = [], {}, {}
+    rows, profiles, cpu = [], {}, []
     for config in args.configs:
         logdir = os.path.join(args.tf_profile, config) if args.tf_profile else None
         threads = ThreadCpu(started_by_horovod, args.warmup, total) if args.thread_cpu else None
@@ -224,7 +224,7 @@ def main() -> int:
         if logdir and hvd.rank() == 0:
             profiles[config] = host_profile(logdir, probe.profiled)
         if threads is not None:
-            cpu[config] = (threads.per_step(), probe.ends)
+            cpu.append((config, threads.per_step(), probe.ends))
     if hvd.rank() == 0:
         floor = compute_floor(job, args.steps)
         print(f"{args.workload}, {hvd.size()} ranks: compute floor (forward + backward, one rank, no collective) "
@@ -244,7 +244,7 @@ def main() -> int:
             print("CPU per step by thread, rank 0, over the measured steps (10 ms ticks: about "
                   f"{10e3 / args.steps:.0f} us per step of resolution):")
             print(f"  {'config':<8} {'period us':>9} {'all us':>7} {'main us':>8} {'Horovod+MPI us':>14} {'other us':>9}")
-            for config, (c, ends) in cpu.items():
+            for config, c, ends in cpu:
                 period = (ends[-1] - ends[args.warmup - 1]) / (len(ends) - args.warmup)
                 print(f"  {config:<8} {period * 1e6:9.0f} {c['total'] * 1e6:7.0f} {c['main'] * 1e6:8.0f} "
                       f"{c['horovod'] * 1e6:14.0f} {c['other'] * 1e6:9.0f}")

@@ -249,3 +249,16 @@ def test_thread_cpu_splits_a_step_between_main_horovod_and_other_threads():
     assert per_step["other"] == pytest.approx(0.1, abs=0.03)
     assert per_step["main"] == pytest.approx(0.15, abs=0.03)
     assert per_step["total"] == pytest.approx(sum(per_step[k] for k in ("main", "horovod", "other")))
+
+
+def test_call_overlap_reads_a_chain_per_call_and_what_a_fan_adds_per_call():
+    import call_overlap
+
+    rounds = [{"fan": {1: 0.20, 4: 0.32}, "chain": {1: 0.20, 4: 0.88}},
+              {"fan": {1: 0.22, 4: 0.31}, "chain": {1: 0.22, 4: 0.92}},
+              {"fan": {1: 0.21, 4: 0.36}, "chain": {1: 0.21, 4: 0.90}}]
+    one, four = call_overlap.summary(rounds, [1, 4])
+    assert one[:4] == (1, 0.21, 0.21, 0.21)
+    k, fan, chain, per_call, beside = four
+    assert (k, fan, chain) == (4, 0.32, 0.90)
+    assert per_call == pytest.approx(0.225) and beside == pytest.approx((0.32 - 0.21) / 3)
