@@ -34,47 +34,35 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 OPS = ("alltoall", "allreduce", "allgather")
 
 
-def call(hvd, op: str, x, name: str):
-    """One call of ``op`` on ``x`` (rows split evenly over the ranks for an alltoall), whose
-    output has ``x``'s shape, so that calls can be chained."""
+def function(calls: dict, op: str, k: int, chained: bool):
+    """One ``tf.function`` of k calls of ``op`` over all ranks, as ``px.calibrate`` issues them
+    (``calls``: :func:`parallax_nb.runtime.calibrate._collective_calls`), chained or fanned."""
     import tensorflow as tf
 
-    if op == "alltoall":
-        n = hvd.size()
-        out, _ = hvd.alltoall(x, splits=tf.fill([n], tf.shape(x)[0] // n), name=name)
-        return out
-    if op == "allreduce":
-        return hvd.allreduce(x, op=hvd.Average, name=name)
-    gathered = hvd.allgather(x, name=name)
-    return gathered[:tf.shape(x)[0]]
+    call = calls[f"{op}/all"]
 
-
-def function(hvd, op: str, k: int, chained: bool):
-    import tensorflow as tf
-
-    @tf.function(autograph=False)
-    def calls(x):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)], autograph=False)
+    def run(x):
         outs, y = [], x
         for i in range(k):
-            y = call(hvd, op, y if chained else x + float(i), f"px_overlap_{op}_{'chain' if chained else 'fan'}{k}_{i}")
+            y = call(y if chained else x + float(i), i)
             outs.append(y)
         return tf.add_n(outs)
 
-    return calls
+    return run
 
 
-def measure(hvd, op: str, size_bytes: int, ks: list[int], iters: int, warmup: int) -> dict:
+def measure(hvd, calls: dict, op: str, size_bytes: int, ks: list[int], iters: int, warmup: int) -> dict:
     """``{"fan": {k: seconds}, "chain": {k: seconds}}``: median seconds of one call of each function."""
     import tensorflow as tf
 
-    rows = max(hvd.size(), size_bytes // 4 // hvd.size() * hvd.size())
-    x = tf.ones([rows, 1])
+    x = tf.ones([max(hvd.size(), size_bytes // 4 // hvd.size() * hvd.size())])
     out = {"fan": {}, "chain": {}}
     for kind in ("fan", "chain"):
         for k in ks:
             if kind == "chain" and k == 1:
                 continue   # a chain of one is a fan of one
-            f = function(hvd, op, k, kind == "chain")
+            f = function(calls, op, k, kind == "chain")
             for _ in range(warmup):
                 f(x).numpy()
             times = []
@@ -114,12 +102,15 @@ def main() -> int:
     args = parser.parse_args()
     if 1 not in args.k or any(k < 1 for k in args.k):
         parser.error(f"--k must include 1 and hold whole numbers >= 1, got {args.k}")
+    from parallax_nb.runtime.calibrate import _collective_calls
     from parallax_nb.runtime.context import horovod, shutdown
 
     hvd = horovod()
+    calls = _collective_calls(hvd, None)
     results = {}
     for op in args.ops:
-        results[op] = [measure(hvd, op, args.bytes, args.k, args.iters, args.warmup) for _ in range(args.repeats)]
+        results[op] = [measure(hvd, calls, op, args.bytes, args.k, args.iters, args.warmup)
+                       for _ in range(args.repeats)]
     if hvd.rank() == 0:
         print(f"{hvd.size()} ranks, {args.bytes} B per call and rank, medians of {args.iters} calls, "
               f"then the median of {args.repeats} rounds (us):")

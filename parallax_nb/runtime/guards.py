@@ -80,15 +80,21 @@ def check_finite_arrays(arrays: dict, step: int, what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- ids
+def _rows(params):
+    """The rows of a table (None when its shape does not say)."""
+    shape = getattr(params, "shape", None)
+    return None if shape is None or not len(shape) else shape[0]
+
+
 def checked_ids(params, ids):
     """``ids`` with an assertion that every id is a row of ``params`` (module docstring)."""
-    shape = getattr(params, "shape", None)
-    if shape is None or not len(shape) or shape[0] is None:
+    rows = _rows(params)
+    if rows is None:
         return ids
     ids = tf.convert_to_tensor(ids)
     if not ids.dtype.is_integer:
         return ids
-    rows = int(shape[0])
+    rows = int(rows)
     flat = tf.cast(tf.reshape(ids, [-1]), tf.int64)
     low = tf.reduce_min(tf.concat([flat, tf.zeros([1], tf.int64)], 0))
     high = tf.reduce_max(tf.concat([flat, tf.zeros([1], tf.int64)], 0))
@@ -145,11 +151,6 @@ def label_problem(y, y_pred, loss_value) -> str | None:
         return None
     return (f"labels of shape {ys} and model outputs of shape {ps} broadcast to {broadcast} in the loss: "
             f"every label would be compared with every output instead of its own")
-
-
-def _rows(params):
-    shape = getattr(params, "shape", None)
-    return None if shape is None or not len(shape) else shape[0]
 
 
 class CheckedLookups:

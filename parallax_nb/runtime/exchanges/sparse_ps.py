@@ -169,8 +169,7 @@ class ShardedLookupRouter:
     def _request(self, served: "_ServedTogether", ids: tf.Tensor, owners: tf.Tensor, tag: str) -> tf.Tensor:
         """Rows ``ids`` (unique) from their ``owners``: ids out by owner (alltoall), the owners'
         rows back through :func:`exchange_rows`, in the order of ``ids``; bytes counted. The
-        order by owner is a partition by owner (stable), and its inverse a permutation's
-        inverse: a few ops where ``argsort`` and ``bincount`` were a dozen each."""
+        order by owner is a stable partition by owner, undone by the permutation's inverse."""
         N = self.ranks
         order = tf.concat(tf.dynamic_partition(tf.range(tf.size(owners)), owners, N), 0)
         splits = tf.math.unsorted_segment_sum(tf.ones_like(owners), owners, N)
