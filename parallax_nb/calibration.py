@@ -19,7 +19,8 @@ A calibration is for one cluster shape (machines x ranks per machine): a calibra
 another shape is refused by :meth:`Calibration.check_shape` with both shapes named.
 
 It is also for one set of Horovod settings: Horovod's background loop negotiates once per
-``HOROVOD_CYCLE_TIME`` (:data:`DEFAULT_HOROVOD_CYCLE_TIME_MS` unless set), which sets both
+``HOROVOD_CYCLE_TIME`` (parallax_nb's ranks set :data:`RUNTIME_HOROVOD_CYCLE_TIME_MS` where
+the environment sets none; Horovod alone runs :data:`DEFAULT_HOROVOD_CYCLE_TIME_MS`), which sets both
 what an idle link carries and what a collective waits before it starts. The calibration
 records the :data:`HOROVOD_TIMING_SETTINGS` its ranks ran with (``horovod_env``) and the cycle time
 they give (``horovod_cycle_time_ms``); :meth:`Calibration.settings_mismatch` says when a run
@@ -64,8 +65,15 @@ DEFAULT_CALL_OVERHEAD_S = 200e-6
 #: Relative difference of a calibration's two compute readings above which its estimates say
 #: that the cores' speed moved while calibrating (their step times can miss by as much).
 COMPUTE_DRIFT_NOTED = 0.10
-#: Horovod's cycle time when ``HOROVOD_CYCLE_TIME`` is unset (Horovod >= 0.21), milliseconds.
+#: Horovod's cycle time when ``HOROVOD_CYCLE_TIME`` is unset (Horovod >= 0.21), milliseconds:
+#: what a calibration file that recorded no setting ran under.
 DEFAULT_HOROVOD_CYCLE_TIME_MS = 1.0
+#: The cycle time parallax_nb's ranks run Horovod with where the environment sets none
+#: (:func:`parallax_nb.runtime.context.horovod`), milliseconds. A PS lookup is two dependent
+#: rounds (ids, then rows), each waiting for a cycle: measured on 2 ranks, 2 cores, the tiny
+#: LM's HYBRID step took 5.33-5.38 ms at Horovod's 1 ms and 2.80 ms at 0.1 ms; its Horovod
+#: and MPI threads used no more CPU per step (500 us at 1 ms, 200-300 us at 0.1 ms).
+RUNTIME_HOROVOD_CYCLE_TIME_MS = 0.1
 #: The Horovod variables that change how often its ranks negotiate and how a collective runs,
 #: so what an idle link carries and what a call costs: a calibration records them.
 HOROVOD_TIMING_SETTINGS = ("HOROVOD_CYCLE_TIME", "HOROVOD_CACHE_CAPACITY", "HOROVOD_AUTOTUNE",

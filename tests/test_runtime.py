@@ -727,3 +727,27 @@ def test_partition_fit_recovers_a_known_curve():
 
     with pytest.raises(ConfigError, match="at least 3 distinct"):
         fit_partition_model([(1, 0.1), (2, 0.05)])
+
+
+CYCLE_PROGRAM = """
+import os
+from parallax_nb.runtime.context import horovod
+horovod()
+print("cycle", os.environ.get("HOROVOD_CYCLE_TIME"))
+"""
+
+
+@pytest.mark.parametrize("given, expected", [(None, "0.1"), ("", "0.1"), ("2.5", "2.5")])
+def test_ranks_run_horovod_at_the_runtime_cycle_unless_the_environment_sets_one(given, expected):
+    """A rank's Horovod negotiates every 0.1 ms where HOROVOD_CYCLE_TIME is unset or empty
+    (its PS lookups are dependent rounds, each waiting for a cycle); a value the user set is
+    kept. The run records what its ranks ran with (run.json's horovod_env)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HOROVOD_CYCLE_TIME"}
+    if given is not None:
+        env["HOROVOD_CYCLE_TIME"] = given
+    proc = subprocess.run([sys.executable, "-c", CYCLE_PROGRAM], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"cycle {expected}\n" in proc.stdout, proc.stdout

@@ -6,15 +6,15 @@ by mpi4py, at ``MPI_THREAD_MULTIPLE``, before Horovod: MPI cannot be initialised
 start is one Horovod's shutdown leaves running, so Horovod can be *parked*.
 
 Parking (:func:`park_horovod`, :func:`resume_horovod`): while Horovod runs, its background
-thread negotiates with every other rank once per cycle (1 ms), in blocking MPI collectives
-that spin while any rank is late. Synchronous steps keep the ranks together, so that costs
-little; asynchronous workers are never together, and the spinning took the cores the
-workers and the serving threads needed. Measured on the emulated 2 x 2 cluster (4 ranks on
-2 cores, LM small, asynchronous PS): one thread per rank at 60-100 % of a core, and 50 to
-1,600 ms a step that varied from run to run, against 32-42 ms in 3 of 3 runs with Horovod
-parked for the asynchronous steps. Parking is ``hvd.shutdown()`` after a barrier (a
-shutdown ends the Horovod operations of every rank, so none may still be in one); resuming is
-``hvd.init()`` again, about 1-3 ms each.
+thread negotiates with every other rank once per cycle (1 ms when these figures were taken; 0.1
+ms since, :func:`_init`), in blocking MPI collectives that spin while any rank is late.
+Synchronous steps keep the ranks together, so that costs little; asynchronous workers are never
+together, and the spinning took the cores the workers and the serving threads needed. Measured
+on the emulated 2 x 2 cluster (4 ranks on 2 cores, LM small, asynchronous PS): one thread per
+rank at 60-100 % of a core, and 50 to 1,600 ms a step that varied from run to run, against
+32-42 ms in 3 of 3 runs with Horovod parked for the asynchronous steps. Parking is
+``hvd.shutdown()`` after a barrier (a shutdown ends the Horovod operations of every rank, so
+none may still be in one); resuming is ``hvd.init()`` again, about 1-3 ms each.
 
 Process sets (:func:`process_sets`): the sets a run needs (the ranks of one machine, for
 local aggregation; one local index across machines, for calibration) are given to
@@ -132,8 +132,14 @@ def abandon_park() -> None:
 
 def _init(hvd) -> None:
     """``hvd.init`` with the process sets of :data:`_process_sets`, in their order (static
-    sets: see the module docstring)."""
+    sets: see the module docstring), and Horovod's cycle time
+    :data:`~parallax_nb.calibration.RUNTIME_HOROVOD_CYCLE_TIME_MS` where the environment sets
+    none (a run records it with its settings, as a calibration does)."""
+    from ..calibration import RUNTIME_HOROVOD_CYCLE_TIME_MS
+
     os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)   # static sets only
+    if not os.environ.get("HOROVOD_CYCLE_TIME", "").strip():
+        os.environ["HOROVOD_CYCLE_TIME"] = f"{RUNTIME_HOROVOD_CYCLE_TIME_MS:g}"
     hvd.init(process_sets=list(_process_sets.values()))
 
 

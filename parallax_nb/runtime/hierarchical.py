@@ -11,7 +11,7 @@ mechanism serves both levels:
 * *cross* steps exchange only with the N ranks of the same local index on every machine, so
   each machine's G ranks share the network work and every byte crosses machines once. They
   run over all ranks with zero-length parts to the rest (those to the own machine's ranks
-  stay in shared memory): Horovod coordinates every process set in every cycle (1 ms), so a
+  stay in shared memory): Horovod coordinates every process set in every cycle, so a
   set per local index would add its own rounds of messages across the links all the time,
   while Horovod's coordination of all ranks crosses them anyway.
 
