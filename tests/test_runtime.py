@@ -751,3 +751,33 @@ def test_ranks_run_horovod_at_the_runtime_cycle_unless_the_environment_sets_one(
     proc = subprocess.run([sys.executable, "-c", CYCLE_PROGRAM], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"cycle {expected}\n" in proc.stdout, proc.stdout
+
+
+SUMMARY_PROGRAM = """
+import os
+from parallax_nb.runtime.trainer import train
+from parallax_nb.plan import plan_for_kinds
+from parallax_nb.runtime.reference import variable_kinds
+from parallax_nb.workloads import lm_job
+job = lm_job("tiny")
+result = train(job, plan_for_kinds(variable_kinds(job), "hybrid", partitions=1, model_name=job.name), 1)
+del os.environ["HOROVOD_CYCLE_TIME"]   # as in a notebook's kernel, which never started Horovod
+os.sched_setaffinity(0, {0})
+summary = result.summary()
+print("summary", summary["horovod_env"], summary["rank_cores"], result.rank_cores)
+"""
+
+
+def test_a_run_summary_keeps_the_settings_its_rank_ran_with():
+    """run.json's horovod_env and rank_cores are the rank's while it trained, also when the
+    summary is taken in another process (a notebook's kernel holds the result of engines)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HOROVOD_CYCLE_TIME"}
+    proc = subprocess.run([sys.executable, "-c", SUMMARY_PROGRAM], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("summary "))
+    cores = len(os.sched_getaffinity(0))
+    assert line == f"summary {{'HOROVOD_CYCLE_TIME': '0.1'}} {cores} {cores}", line
