@@ -71,8 +71,9 @@ DEFAULT_HOROVOD_CYCLE_TIME_MS = 1.0
 #: The cycle time parallax_nb's ranks run Horovod with where the environment sets none
 #: (:func:`parallax_nb.runtime.context.horovod`), milliseconds. A PS lookup is two dependent
 #: rounds (ids, then rows), each waiting for a cycle: measured on 2 ranks, 2 cores, the tiny
-#: LM's HYBRID step took 5.33-5.38 ms at Horovod's 1 ms and 2.80 ms at 0.1 ms; its Horovod
-#: and MPI threads used no more CPU per step (500 us at 1 ms, 200-300 us at 0.1 ms).
+#: LM's HYBRID step took 5.35-5.67 ms at Horovod's 1 ms and 2.85-2.92 ms at 0.1 ms, and its
+#: Horovod and MPI threads used less CPU per step (1150-1250 us against 600-700 us; README,
+#: "Horovod's cycle").
 RUNTIME_HOROVOD_CYCLE_TIME_MS = 0.1
 #: The Horovod variables that change how often its ranks negotiate and how a collective runs,
 #: so what an idle link carries and what a call costs: a calibration records them.

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import devices
 from ..calibration import horovod_settings
-from ..devices import rank_cores
 from ..types import RUN_SCHEMA, RUN_SCHEMA_VERSION
 
 #: How the runtime treats a row gathered several times in one step (README, "Correctness").
@@ -105,10 +105,10 @@ class TrainResult:
     batch_norm: dict | None = None  # {"layers": [names], "statistics": "global batch" | "per rank" | "none"}
     executed_plan: Any = None  # parallax_nb.executed.ExecutedPlan: what ran and how it differs from the plan
     staleness: Any = None  # parallax_nb.staleness.MeasuredStaleness of every rank (asynchronous runs only)
-    # the Horovod settings and cores of the rank that ran (a summary taken in a notebook's kernel
-    # must not read the kernel's): None reads this process's
-    horovod_env: dict | None = None
-    rank_cores: int | None = None
+    # the Horovod settings and cores of the process that made the result, the rank that trained
+    # (a summary taken in a notebook's kernel, which holds the engines' results, must not read the kernel's)
+    horovod_env: dict = field(default_factory=lambda: horovod_settings(os.environ))
+    rank_cores: int = field(default_factory=devices.rank_cores)
 
     def single_device_model(self):
         """The user's model (``job.model()``) holding the trained weights, incl. non-trainable."""
@@ -168,8 +168,7 @@ class TrainResult:
             "bytes_sent_per_step": float(sum(v["bytes_sent_per_step"] for v in variables.values())),
             "bytes_received_per_step": float(sum(v["bytes_received_per_step"] for v in variables.values())),
             # what a calibration must have been taken under to predict this run (parallax_nb.calibration)
-            "horovod_env": dict(self.horovod_env) if self.horovod_env is not None else horovod_settings(os.environ),
-            # the cores this rank could use (devices.bind_rank)
-            "rank_cores": self.rank_cores if self.rank_cores is not None else rank_cores(),
+            "horovod_env": dict(self.horovod_env),
+            "rank_cores": self.rank_cores,   # the cores this rank could use (devices.bind_rank)
         }
 

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from typing import Callable
@@ -76,8 +75,6 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, progress
-from ..calibration import horovod_settings
-from ..devices import rank_cores
 from ..errors import ConfigError, DistributedError, JobError, ParallaxError, PlanError
 from ..job import Job
 from ..types import Kind, Method, partitions_served
@@ -623,8 +620,7 @@ class Trainer:
             variables=self.variable_table(), rank=self.rank, checkpoints=[p for p in saved if p],
             rank_mean_bytes=self._rank_mean_bytes(history),
             batch_norm=describe_batch_norm(self.model, self.batch_norm is not None, self.ranks),
-            executed_plan=self.executed, staleness=staleness, horovod_env=horovod_settings(os.environ),
-            rank_cores=rank_cores())
+            executed_plan=self.executed, staleness=staleness)
 
     def _stopping(self, checkpoint_dir: str | None, checkpoint_every: int) -> bool:
         """Stop after this step? Synchronous: when any rank asked (agreed in the step).
