@@ -13,7 +13,11 @@ this process combines their figures:
 
 * a collective at one size takes the slowest rank's median time per call, and each op and
   scope is fitted as ``latency_s + bytes / (bandwidth_bps / 8)``
-  (:func:`~parallax_nb.calibration.fit_collective`);
+  (:func:`~parallax_nb.calibration.fit_collective`). Where every rank had a core of its own
+  (on each host, by the kernel's boot id, no more ranks than the cores they could use
+  together), a call below 1 MiB takes instead the slowest rank's time in stride, what one
+  more call adds to a chain (``call_pricing``, :mod:`parallax_nb.calibration`), at least
+  :data:`STRIDE_FLOOR` of the chain's mean;
 * ``compute_time_s[job name]`` = the largest per-rank median step time (the step waits for
   the slowest rank); ``baseline_compute_time_s[job name][baseline]`` the same for the Horovod
   baselines' own single-device step (the model as Keras builds it; empty when the model has
@@ -43,8 +47,13 @@ import os
 import time
 
 from . import labels
-from .calibration import Calibration, fit_collective, fit_link, horovod_cycle_time_ms
+from .calibration import (CALL_PRICING_CHAIN, CALL_PRICING_STRIDE, Calibration, fit_collective, fit_link,
+                          horovod_cycle_time_ms)
 from .errors import ConfigError, JobError
+
+#: The least share of a chain's mean per call that a call in stride is priced at: two medians
+#: of noisy chains can differ by less than a call costs, or by less than nothing.
+STRIDE_FLOOR = 0.25
 
 
 def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str | None = None, job=None,
@@ -200,10 +209,15 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
     """The Calibration from every rank's :func:`~parallax_nb.runtime.calibrate.measure_on_rank`
     figures (module docstring)."""
     first = per_rank[0]
+    in_stride = ranks_have_own_cores(per_rank)
     fits = {}
     for key, points in first["collectives"].items():
         sizes = [b for b, _ in points]
         slowest = [max(r["collectives"][key][i][1] for r in per_rank) for i in range(len(points))]
+        if in_stride:
+            for i, (size, _) in enumerate(first["stride"][key]):
+                stride = max(r["stride"][key][i][1] for r in per_rank)
+                slowest[sizes.index(size)] = max(stride, STRIDE_FLOOR * slowest[sizes.index(size)])
         fits[key] = fit_collective(sizes, slowest)
     link_fits = {}
     if first["machines"] > 1:
@@ -231,7 +245,19 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
                        measured=True, where=where, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        horovod_env=first.get("horovod_env", {}), link_fits=link_fits,
                        baseline_compute_time_s=baseline_compute, compute_recheck_time_s=recheck,
-                       rank_cores=max((r["rank_cores"] for r in per_rank if r.get("rank_cores")), default=None))
+                       rank_cores=max((r["rank_cores"] for r in per_rank if r.get("rank_cores")), default=None),
+                       call_pricing=CALL_PRICING_STRIDE if in_stride else CALL_PRICING_CHAIN)
+
+
+def ranks_have_own_cores(per_rank: list[dict]) -> bool:
+    """Whether every rank had a core of its own while it was measured: on each host (``host``,
+    the kernel's boot id) no more ranks than the cores they could use together (``cores``)."""
+    hosts: dict = {}
+    for r in per_rank:
+        ranks, cores = hosts.setdefault(r["host"], (set(), set()))
+        ranks.add(r["rank"])
+        cores.update(r["cores"])
+    return all(len(ranks) <= len(cores) for ranks, cores in hosts.values())
 
 
 def _link_rates(readings) -> tuple[float, float]:
@@ -261,6 +287,9 @@ def fits_table(calibration: Calibration) -> str:
                          f"{baseline_s * 1e3:.1f} ms per step")
     settings = ", ".join(f"{k}={v}" for k, v in calibration.horovod_env.items()) or "Horovod's defaults"
     lines.append(f"Horovod cycle time {calibration.horovod_cycle_time_ms:g} ms ({settings})")
+    lines.append("calls below 1 MiB priced in stride, what one more adds to a running chain (each rank had a "
+                 "core of its own)" if calibration.call_pricing == CALL_PRICING_STRIDE else
+                 "calls priced at a short chain's mean per call (ranks shared cores)")
     if calibration.coordination_packets_per_s > 0:
         lines.append(f"Horovod idle, per machine link: {calibration.coordination_bytes_per_s / 1e3:.1f} KB/s, "
                      f"{calibration.coordination_packets_per_s:.0f} packets/s; with every rank computing: "

@@ -35,6 +35,19 @@ cores: about half the steps per second unbound), so a run whose ranks had other 
 calibration that does not record them (written before 2026-11-27, when 2 ranks on 2 cores
 were not bound yet), is named by :meth:`Calibration.settings_mismatch` too.
 
+And for one way of pricing a step's small calls (``call_pricing``). A step issues its calls
+one after another or side by side, and pays once for what starts them (the function's call,
+the ranks arriving apart, the wait for Horovod's next cycle); a chain of three calls timed
+after a barrier pays that start every three calls. Where every rank had a core of its own
+(no more ranks on a host than the cores they could use), calls below 1 MiB are priced
+:data:`CALL_PRICING_STRIDE`: what one more call adds to a chain already running. Where ranks
+share cores, a call's progress waits for the other ranks' turns on them, and calls are priced
+:data:`CALL_PRICING_CHAIN`, a short chain's mean. Measured with ``bench_predict.py
+--calibrate`` (benchmarks/README.md): on 2 ranks with a core each, in stride took the median
+step error from 9.7 % to 6.6 % and the largest from 58 % to 35 %; on 4 ranks of 2 x 2 on 2
+cores it made the recommender's steps 1.3 to 2.8 times longer than predicted, where the
+chain's mean came within 40 %. Files written before the choice was recorded priced the chain.
+
 And for one speed of the cores: the compute is timed at the start of a calibration and again
 at its end (``compute_recheck_time_s``). Where the two differ by more than
 :data:`COMPUTE_DRIFT_NOTED`, the cores' speed moved while calibrating (other work on the
@@ -55,6 +68,11 @@ from .types import PLAIN_HOROVOD, SPARSE_AS_DENSE
 CALIBRATION_SCHEMA = "parallax_nb.calibration"
 CALIBRATION_SCHEMA_VERSION = 1
 COLLECTIVE_OPS = ("allreduce", "allgather", "alltoall")
+#: How a calibration prices calls below 1 MiB (module docstring): a short chain's mean per call
+CALL_PRICING_CHAIN = "chain"
+#: ... or what one more call adds to a chain already running
+CALL_PRICING_STRIDE = "in stride"
+CALL_PRICINGS = (CALL_PRICING_CHAIN, CALL_PRICING_STRIDE)
 SCOPES = ("all", "machine", "cross")
 
 # Defaults without a measurement: a call inside one machine (shared memory) and the per-call
@@ -228,7 +246,8 @@ class Calibration:
     ``compute_time_s``; ``{}`` for a model with no sparse gradient (they run the runtime's
     program); a model missing here was calibrated before they were measured.
     ``compute_recheck_time_s``: ``compute_time_s`` timed again at the end of the calibration
-    (module docstring; empty in files written before it was).
+    (module docstring; empty in files written before it was). ``call_pricing``: how the
+    ``fits`` price calls below 1 MiB, one of :data:`CALL_PRICINGS` (module docstring).
     """
 
     machines: int
@@ -246,6 +265,7 @@ class Calibration:
     baseline_compute_time_s: dict = field(default_factory=dict, hash=False)
     rank_cores: int | None = None
     compute_recheck_time_s: dict = field(default_factory=dict, hash=False)
+    call_pricing: str = CALL_PRICING_CHAIN
 
     def __post_init__(self):
         for name in ("machines", "workers_per_machine"):
@@ -276,6 +296,8 @@ class Calibration:
                                             or self.rank_cores < 1):
             raise ConfigError(f"calibration rank_cores must be a whole number >= 1 (the cores a rank could use), "
                               f"got {self.rank_cores!r}")
+        if self.call_pricing not in CALL_PRICINGS:
+            raise ConfigError(f"calibration call_pricing must be one of {CALL_PRICINGS}, got {self.call_pricing!r}")
         if horovod_cycle_time_ms(self.horovod_env) is None:
             raise ConfigError(f"calibration horovod_env has HOROVOD_CYCLE_TIME="
                               f"{self.horovod_env['HOROVOD_CYCLE_TIME']!r}, not a number of milliseconds >= 0")
@@ -457,7 +479,7 @@ class Calibration:
             "busy_coordination_bytes_per_s": self.busy_coordination_bytes_per_s,
             "measured": self.measured, "where": self.where, "created": self.created,
             "horovod_env": dict(self.horovod_env), "horovod_cycle_time_ms": self.horovod_cycle_time_ms,
-            "rank_cores": self.rank_cores,
+            "rank_cores": self.rank_cores, "call_pricing": self.call_pricing,
             "link_fits": {k: {"overhead_bytes": f.overhead_bytes, "bytes_per_handed_byte": f.bytes_per_handed_byte,
                               "points": [list(p) for p in f.points]} for k, f in sorted(self.link_fits.items())},
         }
@@ -487,7 +509,8 @@ class Calibration:
                        link_fits=_link_fits(d.get("link_fits", {})),
                        baseline_compute_time_s=d.get("baseline_compute_time_s", {}),
                        rank_cores=d.get("rank_cores"),
-                       compute_recheck_time_s=d.get("compute_recheck_time_s", {}))
+                       compute_recheck_time_s=d.get("compute_recheck_time_s", {}),
+                       call_pricing=d.get("call_pricing", CALL_PRICING_CHAIN))
         except KeyError as e:
             raise ConfigError(f"calibration lacks field {e.args[0]!r}",
                               hint="calibrate again: python -m parallax_nb calibrate --np N -o calibration.json") from None

@@ -18,7 +18,7 @@ def measured() -> Calibration:
                        created="2026-11-24T15:00:00Z", horovod_env={"HOROVOD_CYCLE_TIME": "0.1"},
                        link_fits={"alltoall/cross": LinkFit(2400.0, 2.02, points=((256, 2917.0, 28.0),)),
                                   "alltoall/machine": {"overhead_bytes": 800.0, "bytes_per_handed_byte": 0.0}},
-                       rank_cores=1, compute_recheck_time_s={"lm_tiny": 0.0125})
+                       rank_cores=1, compute_recheck_time_s={"lm_tiny": 0.0125}, call_pricing="in stride")
 
 
 def test_round_trip_through_json(tmp_path):
@@ -35,6 +35,7 @@ def test_round_trip_through_json(tmp_path):
     assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
     assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
     assert back.rank_cores == 1 and back.compute_recheck_time_s == {"lm_tiny": 0.0125}
+    assert back.call_pricing == "in stride"
     assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
     assert back.link_fits == cal.link_fits and back.link_fit("alltoall", "cross").overhead_bytes == 2400.0
     assert back.link_fit("alltoall", "machine").points == () and back.link_fit("allgather") is None
@@ -51,14 +52,14 @@ def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults(
     """No horovod_env: Horovod's default 1 ms cycle; no busy rate: the idle rate stands in."""
     d = measured().to_dict()
     for key in ("horovod_env", "horovod_cycle_time_ms", "busy_coordination_bytes_per_s", "link_fits",
-                "baseline_compute_time_s", "rank_cores"):
+                "baseline_compute_time_s", "rank_cores", "call_pricing"):
         del d[key]
     old = Calibration.from_json(json.dumps(d))
     assert not old.baseline_compute_known("lm_tiny") and old.compute_for("lm_tiny", "horovod") == 0.012
     assert old.link_fits == {} and old.payload_framing_factor is None   # the assumed framing, no call bytes
     assert old.horovod_env == {} and old.horovod_cycle_time_ms == 1.0 == DEFAULT_HOROVOD_CYCLE_TIME_MS
     assert old.busy_coordination_bytes_per_s is None and old.step_coordination_bytes_per_s == 6.7e5
-    assert old.rank_cores is None
+    assert old.rank_cores is None and old.call_pricing == "chain"   # what every earlier file fitted
     # its ranks' cores were not recorded: a run that records its own is told so
     assert "cores per rank than the run (not recorded in the calibration" in old.settings_mismatch(None, 1)
 
@@ -147,6 +148,7 @@ def test_defaults_are_marked_uncalibrated():
     (lambda d: d["compute_time_s"].update(lm_tiny=-1), "compute_time_s['lm_tiny']"),
     (lambda d: d.update(machines=0), "machines must be a whole number"),
     (lambda d: d.update(rank_cores=-2), "rank_cores must be a whole number >= 1"),
+    (lambda d: d.update(call_pricing="fan"), "call_pricing must be one of ('chain', 'in stride'), got 'fan'"),
     (lambda d: d["compute_recheck_time_s"].update(lm_tiny=float("inf")),
      "compute_recheck_time_s['lm_tiny'] must be a finite number > 0, got inf"),
     (lambda d: d.update(compute_recheck_time_s=[0.1]), "compute_recheck_time_s must map a model to seconds"),
@@ -223,6 +225,7 @@ def test_combine_fits_the_machines_mean_link_per_call():
     def rank(r, link):
         return {"rank": r, "machines": 2, "workers_per_machine": 1, "compute": None, "link": None,
                 "busy_link": None, "collectives": {"alltoall/all": [(256, 1e-3), (1 << 20, 9e-3)]},
+                "stride": {"alltoall/all": [(256, 0.8e-3)]}, "host": f"host{r}", "cores": [0],
                 "link_per_call": {"alltoall/all": link} if link else {}}
 
     cal = combine([rank(0, [(256, 2000.0, 9.0), (1 << 20, 2_100_000.0, 90.0)]),
@@ -232,6 +235,40 @@ def test_combine_fits_the_machines_mean_link_per_call():
     assert fit.overhead_bytes == pytest.approx(2500.0 - 256 * fit.bytes_per_handed_byte)
     one_host = combine([dict(rank(0, None), machines=1, workers_per_machine=2)], "loopback")
     assert one_host.link_fits == {}
+
+
+def _stride_rank(r, host, cores, chain_s, stride_s):
+    """One rank's figures for combine: alltoall at 256 B (a chain's mean ``chain_s``, in stride
+    ``stride_s``) and at 4 MiB (no stride: a call that size outlasts a chain's start)."""
+    return {"rank": r, "machines": 1, "workers_per_machine": 2, "compute": None, "link": None,
+            "busy_link": None, "link_per_call": {}, "host": host, "cores": cores,
+            "collectives": {"alltoall/all": [(256, chain_s), (4 << 20, 5e-3)]},
+            "stride": {"alltoall/all": [(256, stride_s)]}}
+
+
+def test_combine_prices_small_calls_in_stride_only_where_every_rank_had_a_core():
+    """Each rank with a core of its own (per host, by boot id): the slowest rank's stride at
+    256 B, the chain's mean from 1 MiB on; ranks that share cores: the chain's mean everywhere;
+    a stride below STRIDE_FLOOR of the chain's mean (noise between two medians) is raised to it."""
+    from parallax_nb.calibrate import STRIDE_FLOOR, combine, fits_table
+
+    own = combine([_stride_rank(0, "a", [0], 3e-4, 2.0e-4), _stride_rank(1, "a", [1], 3.2e-4, 2.2e-4)], "here")
+    assert own.call_pricing == "in stride"
+    assert own.fits["alltoall/all"].points == ((256.0, 2.2e-4), (float(4 << 20), 5e-3))
+    assert "priced in stride" in fits_table(own)
+    # unbound ranks that may each use both cores: two ranks, two cores, a core each
+    unbound = combine([_stride_rank(0, "a", [0, 1], 3e-4, 2e-4), _stride_rank(1, "a", [0, 1], 3e-4, 2e-4)], "x")
+    assert unbound.call_pricing == "in stride"
+    # two emulated machines on one host of 2 cores, 4 ranks bound two to a core: shared
+    shared = [_stride_rank(r, "a", [r % 2], 3e-4 + 1e-5 * r, 2e-4) for r in range(4)]
+    chain = combine(shared, "emulated")
+    assert chain.call_pricing == "chain" and chain.fits["alltoall/all"].points[0] == (256.0, 3.3e-4)
+    assert "short chain's mean" in fits_table(chain)
+    # two real hosts of one core each, one rank on each: a core each, whatever the core ids
+    two_hosts = combine([_stride_rank(0, "a", [0], 3e-4, 2e-4), _stride_rank(1, "b", [0], 3e-4, 2e-4)], "hosts")
+    assert two_hosts.call_pricing == "in stride"
+    noisy = combine([_stride_rank(0, "a", [0], 4e-4, -1e-5), _stride_rank(1, "a", [1], 4e-4, 1e-5)], "here")
+    assert noisy.fits["alltoall/all"].points[0] == (256.0, STRIDE_FLOOR * 4e-4)
 
 
 def test_calibrating_engines_refuses_what_does_not_apply_to_them():

@@ -508,6 +508,15 @@ def test_calibration_on_two_machines_of_two_ranks(local_aggregation_runs):
     assert calibration.rank_cores == (1 if LA_MACHINES * LA_WORKERS >= len(os.sched_getaffinity(0)) else
                                       len(os.sched_getaffinity(0)))
     assert calibration.link_fits == {} and calibration.payload_framing_factor is None
+    # every call below 1 MiB was timed in stride too; 4 ranks on this host price it only with a core each
+    from parallax_nb.runtime.calibrate import STRIDE_BELOW_BYTES
+
+    assert all(sorted(r["stride"]) == sorted(calibration.fits) and
+               all([b for b, _ in r["stride"][key]] == [b for b, _ in r["collectives"][key] if b < STRIDE_BELOW_BYTES]
+                   for key in r["stride"]) for r in per_rank)
+    assert len({r["host"] for r in per_rank}) == 1
+    own_core = LA_MACHINES * LA_WORKERS <= len(os.sched_getaffinity(0))
+    assert calibration.call_pricing == ("in stride" if own_core else "chain")
     assert Calibration.from_json(calibration.to_json()) == calibration
 
 

@@ -62,6 +62,17 @@ In order, identical on every rank:
    each: an alltoall across machines 3.09 KB per call, standard deviation 137 B, in chains of
    3; 2.95 KB, 61 B in chains of 12 (inside a machine 133 B against 22 B).
 
+   Below ``stride_below`` bytes a call is also timed **in stride**: ``repeats`` chains of
+   ``link_chain`` calls, and ``(T(link_chain) - T(chain)) / (link_chain - chain)`` of the two
+   chains' median times is what one more call adds once a chain runs (``stride``). A chain's
+   mean also pays once for its start (the function's call, the ranks leaving the barrier
+   apart, the wait for Horovod's next cycle), which a step pays once for all its calls; on 2
+   ranks on loopback, 256 B, one call took 230-252 us and each call of a chain of 12 after the
+   first 209-216 us (``benchmarks/call_overlap.py``). Which of the two prices a step's calls
+   is the launcher's choice (:func:`parallax_nb.calibrate.combine`), from where each rank ran:
+   ``host`` (the kernel's boot id: ranks of one host share its cores, emulated machines too)
+   and ``cores`` (the cores it could use once bound).
+
    ``machine`` and ``cross`` are measured only with several machines of several ranks each
    (otherwise they are the ``all`` calls, or empty).
 5. **Compute again** (with a job): step 2's timing of the runtime's program, repeated
@@ -75,6 +86,9 @@ import time
 COLLECTIVE_SIZES_BYTES = (256, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
 CHAIN_CALLS = 3
 LINK_CHAIN_CALLS = 12
+#: Calls of fewer bytes than this are also timed in stride (module docstring, step 4): from
+#: 1 MiB on a call's own transfer outlasts a chain's start.
+STRIDE_BELOW_BYTES = 1 << 20
 REPEATS = 7
 IDLE_S = 2.0
 WARMUP_STEPS = 2
@@ -84,9 +98,11 @@ COMPUTE_STEPS = 5
 def measure_on_rank(job=None, workers_per_machine: int | None = None, link_interface: str | None = None,
                     sizes_bytes=COLLECTIVE_SIZES_BYTES, chain: int = CHAIN_CALLS, repeats: int = REPEATS,
                     idle_s: float = IDLE_S, link_chain: int = LINK_CHAIN_CALLS, warmup_steps: int = WARMUP_STEPS,
-                    compute_steps: int = COMPUTE_STEPS) -> dict:
+                    compute_steps: int = COMPUTE_STEPS, stride_below: int = STRIDE_BELOW_BYTES) -> dict:
     """This rank's figures (module docstring): ``{"rank", "machines", "workers_per_machine",
-    "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]},
+    "topology", "collectives": {"op/scope": [(bytes, seconds per call), ...]}, "stride": {"op/scope":
+    [(bytes, seconds one more call adds to a chain), ...]} (sizes below ``stride_below``), "host",
+    "cores",
     "compute": {"model", "median_step_s", "steps_s", "baselines": {baseline key: median step s}}
     or None, "link" and "busy_link": {"bytes", "packets", "seconds"} or None, "link_per_call":
     {"op/scope": [(bytes, link bytes, link packets) per call, ...]} (local rank 0 with a link to
@@ -112,7 +128,8 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     out = {"rank": hvd.rank(), "machines": machines, "workers_per_machine": per_machine,
            "uniform": topology.uniform, "topology": topology.describe(), "collectives": {}, "compute": None,
            "link": None, "horovod_env": horovod_settings(os.environ),
-           "rank_cores": rank_cores()}   # as Horovod's start placed this rank (devices.bind_rank)
+           "rank_cores": rank_cores(),   # as Horovod's start placed this rank (devices.bind_rank)
+           "host": host_id(), "cores": sorted(os.sched_getaffinity(0)), "stride": {}}
     if job is not None:
         from ..job import Job, load_job
 
@@ -127,10 +144,11 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     if hvd.size() > 1:
         def time_calls(calls: dict) -> None:
             for key, call in calls.items():
-                long_chain = _chained(call, link_chain) if link_interface else None
-                timed, link = _time_sizes(_chained(call, chain), hvd, barrier, key, sizes_bytes, chain, repeats,
-                                          link_interface, long_chain, link_chain)
+                timed, stride, link = _time_sizes(_chained(call, chain), _chained(call, link_chain), hvd, barrier,
+                                                  key, sizes_bytes, chain, link_chain, repeats, stride_below,
+                                                  link_interface)
                 out["collectives"][key] = timed
+                out["stride"][key] = stride
                 if link is not None:
                     out["link_per_call"][key] = link
 
@@ -342,42 +360,59 @@ def allgather_own(gathered, x):
     return gathered[:tf.shape(x)[0]]
 
 
-def _time_sizes(fn, hvd, barrier, key: str, sizes_bytes, chain: int, repeats: int,
-                interface: str | None = None, long_fn=None, long_chain: int = 0) -> tuple[list, list | None]:
-    """[(bytes per call, median seconds per call)] of one chained collective at every size,
-    and on local rank 0 with a link to read, [(bytes per call, link bytes per call, link
-    packets per call)] (None elsewhere): the link's counters around each timed chain (after
-    its barrier), the median over the ``repeats`` chains, per call; at the smallest size
-    around ``repeats`` chains of ``long_fn`` (``long_chain`` calls) instead, when given."""
+def _time_sizes(fn, long_fn, hvd, barrier, key: str, sizes_bytes, chain: int, long_chain: int, repeats: int,
+                stride_below: int, interface: str | None = None) -> tuple[list, list, list | None]:
+    """Of one collective at every size: [(bytes per call, median seconds per call of a chain of
+    ``chain``)]; below ``stride_below`` bytes [(bytes per call, seconds one more call adds)]
+    from ``repeats`` chains of ``long_fn`` (``long_chain`` calls) too (module docstring, step
+    4); and on local rank 0 with a link to read, [(bytes per call, link bytes per call, link
+    packets per call)] (None elsewhere): the link's counters around each timed chain (after its
+    barrier), the median over the chains, per call, at the smallest size around the long chains."""
     import tensorflow as tf
 
     # every call hands a whole number of float32 elements per participant (at most W)
     quantum = 4 * hvd.size()
-    points, link_points = [], []
+    points, stride_points, link_points = [], [], []
     tag = key.replace('/', '_')
+
+    def timed_chains(run, calls: int, label: str, x) -> tuple[float, list]:
+        float(run(x))  # untimed: traces on the first size, warms the buffers on every size
+        seconds, links = [], []
+        for r in range(repeats):
+            barrier(f"cal_{tag}_{label}_{r}")
+            link = _LinkReading(hvd, interface)
+            start = time.perf_counter()
+            float(run(x))
+            seconds.append(time.perf_counter() - start)
+            links.append(link.done())
+        return statistics.median(seconds), links
+
     for size in sizes_bytes:
         elements = max(quantum, size // quantum * quantum) // 4
         x = tf.zeros([elements], tf.float32)
-        float(fn(x))  # untimed: traces on the first size, warms the buffers on every size
-        per_call, link_per_chain = [], []
-        for r in range(repeats):
-            barrier(f"cal_{tag}_{size}_{r}")
-            link = _LinkReading(hvd, interface)
-            start = time.perf_counter()
-            float(fn(x))
-            per_call.append((time.perf_counter() - start) / chain)
-            link_per_chain.append(link.done())
-        points.append((4 * elements, statistics.median(per_call)))
+        short_s, link_per_chain = timed_chains(fn, chain, f"{size}", x)
+        points.append((4 * elements, short_s / chain))
         calls_per_reading = chain
-        if long_fn is not None and size == min(sizes_bytes):   # on every rank: they are collectives
-            float(long_fn(x))   # untimed: traces
-            link_per_chain, calls_per_reading = [], long_chain
-            for r in range(repeats):
-                barrier(f"cal_{tag}_{size}_long_{r}")
-                link = _LinkReading(hvd, interface)
-                float(long_fn(x))
-                link_per_chain.append(link.done())
+        if size < stride_below or size == min(sizes_bytes):   # on every rank: they are collectives
+            long_s, long_links = timed_chains(long_fn, long_chain, f"{size}_long", x)
+            if size < stride_below:
+                stride_points.append((4 * elements, (long_s - short_s) / (long_chain - chain)))
+            if size == min(sizes_bytes):
+                link_per_chain, calls_per_reading = long_links, long_chain
         if link_per_chain[0] is not None:
             link_points.append((4 * elements, statistics.median(r["bytes"] for r in link_per_chain) / calls_per_reading,
                                 statistics.median(r["packets"] for r in link_per_chain) / calls_per_reading))
-    return points, (link_points if link_points else None)
+    return points, stride_points, (link_points if link_points else None)
+
+
+def host_id() -> str:
+    """Which host this process runs on, as its cores go: the kernel's boot id (the ranks of
+    emulated machines, each in its own network namespace and maybe under its own hostname,
+    share it), or the hostname where it cannot be read."""
+    import socket
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
