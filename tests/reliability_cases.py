@@ -462,6 +462,7 @@ def nan_row_gradient_job():
 
 # ----------------------------------------------------------------------------- the grouped launch
 GUARD_CASES = ("nan_lr_ar", "nan_lr_hybrid", "nan_lr_ps", "inf_data_rank_1", "nan_row_gradient_rank_1",
+               "nan_row_gradient_rank_1_ar",
                "labels_width_7",
                "labels_plain_loss_broadcast", "features_only", "checkpoint_fallback", "all_checkpoints_corrupt",
                "stale_temporary_removed", "layer_name")
@@ -472,6 +473,7 @@ def _guard_job(case: str):
         return recommender_with(learning_rate=1e30, name=f"recommender-{case}")
     return {"inf_data_rank_1": lambda: recommender_with(inf_on_rank_1_at_step_3, name=case),
             "nan_row_gradient_rank_1": nan_row_gradient_job,
+            "nan_row_gradient_rank_1_ar": nan_row_gradient_job,
             "labels_width_7": lambda: recommender_with(labels_of_width_7, loss=mean_squared_error, name=case),
             "labels_plain_loss_broadcast": lambda: recommender_with(scalar_labels, loss=squared_error, name=case),
             "features_only": lambda: recommender_with(features_only, name=case),
@@ -479,7 +481,7 @@ def _guard_job(case: str):
 
 
 def _guard_arch(case: str) -> str:
-    return {"nan_lr_ar": "ar", "nan_lr_ps": "ps"}.get(case, "hybrid")
+    return {"nan_lr_ar": "ar", "nan_lr_ps": "ps", "nan_row_gradient_rank_1_ar": "ar"}.get(case, "hybrid")
 
 
 def guard_cases(workdir: str, cases=GUARD_CASES) -> dict:
@@ -499,7 +501,7 @@ def guard_cases(workdir: str, cases=GUARD_CASES) -> dict:
     for case in cases:
         job = _guard_job(case)
         clean = recommender_with()   # the plan comes from the job's model with good data and loss
-        clean = job if case == "nan_row_gradient_rank_1" else job.replace(data=clean.data, loss=clean.loss)
+        clean = job if case.startswith("nan_row_gradient") else job.replace(data=clean.data, loss=clean.loss)
         plan = plan_for_kinds(variable_kinds(clean), _guard_arch(case), model_name=job.name)
         folder = os.path.join(workdir, case)
         steps, kwargs = 6, dict(checkpoint_dir=folder, checkpoint_every=1, step_timeout_s=120)

@@ -336,10 +336,12 @@ def test_nan_stops_the_run_in_its_step_and_nothing_non_finite_is_saved(case, gua
 
 
 @pytest.mark.mpi
-def test_nan_row_gradient_is_named_on_the_rank_whose_batch_made_it(guards):
-    """The loss is finite; one PS row's gradient is NaN, made by rank 1's batch of step 3 for a
-    row rank 0 owns. Rank 1 is named: ranks check the row gradients they send."""
-    r = guards["results"]["nan_row_gradient_rank_1"]
+@pytest.mark.parametrize("case", ["nan_row_gradient_rank_1", "nan_row_gradient_rank_1_ar"])
+def test_nan_row_gradient_is_named_on_the_rank_whose_batch_made_it(case, guards):
+    """The loss is finite; one row's gradient is NaN, made by rank 1's batch of step 3. Rank 1
+    is named. HYBRID (the table PS, the row owned by rank 0): ranks check the row gradients
+    they send. AR (the table's rows allgathered): ranks check their own gradient before it."""
+    r = guards["results"][case]
     assert r["error"] == "NumericError", r
     _assert_clear(r["message"], r"^step 3: a gradient is not finite on rank\(s\) \[1\];")
     assert sorted(r["checkpoints"]) == ["ckpt-00000001", "ckpt-00000002"] and all(r["checkpoints"].values())
