@@ -43,10 +43,12 @@ after a barrier pays that start every three calls. Where every rank had a core o
 :data:`CALL_PRICING_STRIDE`: what one more call adds to a chain already running. Where ranks
 share cores, a call's progress waits for the other ranks' turns on them, and calls are priced
 :data:`CALL_PRICING_CHAIN`, a short chain's mean. Measured with ``bench_predict.py
---calibrate`` (benchmarks/README.md): on 2 ranks with a core each, in stride took the median
-step error from 9.7 % to 6.6 % and the largest from 58 % to 35 %; on 4 ranks of 2 x 2 on 2
-cores it made the recommender's steps 1.3 to 2.8 times longer than predicted, where the
-chain's mean came within 40 %. Files written before the choice was recorded priced the chain.
+--calibrate`` (benchmarks/README.md, "A step's small calls in stride"): on 2 ranks with a core
+each, over three invocations of each pricing in turn, the median step error went from 10.9 %
+to 9.5 % and the largest from 60.6 % to 31.3 % (the recommender's from 38-56 % to 2-29 %);
+priced in stride on 4 ranks of 2 x 2 on 2 cores, the recommender's steps ran 1.3 to 2.8 times
+as long as predicted, where the chain's mean came within 40 %. Files written before the choice
+was recorded priced the chain.
 
 And for one speed of the cores: the compute is timed at the start of a calibration and again
 at its end (``compute_recheck_time_s``). Where the two differ by more than
