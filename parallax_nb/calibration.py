@@ -369,6 +369,7 @@ class Calibration:
         if not self.measured:
             return "uncalibrated (defaults)"
         return (f"calibrated on {self.where or self.shape}, Horovod cycle {self.horovod_cycle_time_ms:g} ms"
+                + (", small calls in stride" if self.call_pricing == CALL_PRICING_STRIDE else "")
                 + (f", {self.created}" if self.created else ""))
 
     def fit(self, op: str, scope: str = "all") -> CollectiveFit:

@@ -35,7 +35,7 @@ def test_round_trip_through_json(tmp_path):
     assert "calibrated on emulated 2x2@1Gbit/s, Horovod cycle 0.1 ms" in back.label
     assert back.horovod_env == {"HOROVOD_CYCLE_TIME": "0.1"} and back.horovod_cycle_time_ms == 0.1
     assert back.rank_cores == 1 and back.compute_recheck_time_s == {"lm_tiny": 0.0125}
-    assert back.call_pricing == "in stride"
+    assert back.call_pricing == "in stride" and "Horovod cycle 0.1 ms, small calls in stride, 2026-" in back.label
     assert back.busy_coordination_bytes_per_s == back.step_coordination_bytes_per_s == 2.3e4
     assert back.link_fits == cal.link_fits and back.link_fit("alltoall", "cross").overhead_bytes == 2400.0
     assert back.link_fit("alltoall", "machine").points == () and back.link_fit("allgather") is None
@@ -60,6 +60,7 @@ def test_a_file_from_before_the_horovod_settings_loads_with_the_stated_defaults(
     assert old.horovod_env == {} and old.horovod_cycle_time_ms == 1.0 == DEFAULT_HOROVOD_CYCLE_TIME_MS
     assert old.busy_coordination_bytes_per_s is None and old.step_coordination_bytes_per_s == 6.7e5
     assert old.rank_cores is None and old.call_pricing == "chain"   # what every earlier file fitted
+    assert "in stride" not in old.label
     # its ranks' cores were not recorded: a run that records its own is told so
     assert "cores per rank than the run (not recorded in the calibration" in old.settings_mismatch(None, 1)
 
