@@ -215,9 +215,9 @@ def combine(per_rank: list[dict], where: str) -> Calibration:
         sizes = [b for b, _ in points]
         slowest = [max(r["collectives"][key][i][1] for r in per_rank) for i in range(len(points))]
         if in_stride:
-            for i, (size, _) in enumerate(first["stride"][key]):
-                stride = max(r["stride"][key][i][1] for r in per_rank)
-                slowest[sizes.index(size)] = max(stride, STRIDE_FLOOR * slowest[sizes.index(size)])
+            stride = {size: max(r["stride"][key][i][1] for r in per_rank)
+                      for i, (size, _) in enumerate(first["stride"][key])}
+            slowest = [max(stride[size], STRIDE_FLOOR * t) if size in stride else t for size, t in zip(sizes, slowest)]
         fits[key] = fit_collective(sizes, slowest)
     link_fits = {}
     if first["machines"] > 1:

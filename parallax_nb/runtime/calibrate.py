@@ -375,7 +375,7 @@ def _time_sizes(fn, long_fn, hvd, barrier, key: str, sizes_bytes, chain: int, lo
     points, stride_points, link_points = [], [], []
     tag = key.replace('/', '_')
 
-    def timed_chains(run, calls: int, label: str, x) -> tuple[float, list]:
+    def timed_chains(run, label: str, x) -> tuple[float, list]:
         float(run(x))  # untimed: traces on the first size, warms the buffers on every size
         seconds, links = [], []
         for r in range(repeats):
@@ -390,14 +390,15 @@ def _time_sizes(fn, long_fn, hvd, barrier, key: str, sizes_bytes, chain: int, lo
     for size in sizes_bytes:
         elements = max(quantum, size // quantum * quantum) // 4
         x = tf.zeros([elements], tf.float32)
-        short_s, link_per_chain = timed_chains(fn, chain, f"{size}", x)
+        short_s, link_per_chain = timed_chains(fn, f"{size}", x)
         points.append((4 * elements, short_s / chain))
         calls_per_reading = chain
-        if size < stride_below or size == min(sizes_bytes):   # on every rank: they are collectives
-            long_s, long_links = timed_chains(long_fn, long_chain, f"{size}_long", x)
+        links_from_long = bool(interface) and size == min(sizes_bytes)
+        if size < stride_below or links_from_long:   # on every rank: they are collectives
+            long_s, long_links = timed_chains(long_fn, f"{size}_long", x)
             if size < stride_below:
                 stride_points.append((4 * elements, (long_s - short_s) / (long_chain - chain)))
-            if size == min(sizes_bytes):
+            if links_from_long:
                 link_per_chain, calls_per_reading = long_links, long_chain
         if link_per_chain[0] is not None:
             link_points.append((4 * elements, statistics.median(r["bytes"] for r in link_per_chain) / calls_per_reading,
