@@ -16,8 +16,9 @@ In order, identical on every rank:
    :func:`.sharded.route_embedding_layers`) and runs :func:`.reference.single_device_step`
    (forward, backward, optimizer update; no communication) on its own shard of the per-rank
    batch, all ranks at once after a barrier, so ranks that share cores or a device slow each
-   other as they will in the run. ``warmup_steps`` untimed (the first traces), then
-   ``compute_steps`` timed; each rank reports its median. The routing matters: Keras's own
+   other as they will in the run. ``warmup_steps`` untimed (the first traces), then at least
+   ``compute_steps`` timed, and as many more as fill :data:`COMPUTE_MIN_S` (at most
+   :data:`COMPUTE_MAX_STEPS`); each rank reports its median. The routing matters: Keras's own
    ``Embedding`` reads the whole table (``ReadVariableOp``) and gathers from the copy; once the
    optimizer has written rows of that table (a sparse update), TensorFlow keeps the variable
    in copy-on-read mode and every such read copies the whole table (measured: 13.8 ms per
@@ -93,6 +94,11 @@ REPEATS = 7
 IDLE_S = 2.0
 WARMUP_STEPS = 2
 COMPUTE_STEPS = 5
+#: the compute is timed for at least this long (the batches taken again), at most
+#: :data:`COMPUTE_MAX_STEPS` steps: the first steps after the ranks' barrier run slower (a
+#: 1 ms recommender step read 1.2-1.4 ms over 5 steps, 1.02-1.03 ms over 100 and in the run)
+COMPUTE_MIN_S = 0.5
+COMPUTE_MAX_STEPS = 200
 
 
 def measure_on_rank(job=None, workers_per_machine: int | None = None, link_interface: str | None = None,
@@ -230,8 +236,10 @@ def _program_steps(job, baseline: str | None, hvd, barrier, warmup_steps: int, c
 
 def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None,
                  tag: str) -> tuple[list[float], dict | None]:
-    """Seconds of each of ``compute_steps`` steps of ``step`` on this rank's shard, every rank
-    at once after a barrier (``warmup_steps`` untimed first), and the link read around them."""
+    """Seconds of each timed step of ``step`` on this rank's shard, every rank at once after a
+    barrier (``warmup_steps`` untimed first), and the link read around them: ``compute_steps``
+    batches, taken again in turn until the steps have lasted :data:`COMPUTE_MIN_S` (at most
+    :data:`COMPUTE_MAX_STEPS` steps, at least ``compute_steps``)."""
     batches = iter(job.dataset(hvd.rank(), hvd.size()))
     for _ in range(warmup_steps):
         x, y = next(batches)
@@ -240,7 +248,8 @@ def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int,
     barrier(tag)
     link = _LinkReading(hvd, interface)
     times = []
-    for x, y in timed:
+    while len(times) < compute_steps or (sum(times) < COMPUTE_MIN_S and len(times) < COMPUTE_MAX_STEPS):
+        x, y = timed[len(times) % len(timed)]
         start = time.perf_counter()
         float(step(x, y))
         times.append(time.perf_counter() - start)
