@@ -15,8 +15,9 @@ For each setting (workload x network), in one invocation:
    :mod:`worker` on every rank, :mod:`counters` for the links);
 3. **print** predicted against measured step time (median over the timed windows), predicted
    against measured link bytes per machine (on loopback, where there is no link: bytes per
-   rank through ``lo``, against the payload), and whether AUTO's plan was the measured
-   fastest configuration or within 5 % of it;
+   rank through ``lo``, against the payload framed and each call's bytes priced as a
+   calibration read them on that ``lo``, or the payload alone without one), and whether AUTO's
+   plan was the measured fastest configuration or within 5 % of it;
 4. with a calibration, tell the model from the machine: each configuration's compute is timed
    again in its own launch right before it runs (the calibration's compute figure, no
    communication: :func:`worker.launch_compute`), and each row also shows the step time the
@@ -135,8 +136,7 @@ def setting_calibration(args, spec: dict, network: str, machines: int, workers: 
 
 def predict(profile, machines: int, workers: int, bandwidth: str | None, configs: list[str], calibration) -> dict:
     """Per configuration, before running: the estimate's step time and payload, and the link
-    bytes per machine per step (``link``; on loopback the payload per rank, ``lo`` has no framing
-    worth the name)."""
+    bytes per machine per step (``link``; on loopback per rank, as :func:`read_loopback` says)."""
     from parallax_nb import cost
     from parallax_nb.cost.link import predict_link_bytes
 
@@ -146,13 +146,22 @@ def predict(profile, machines: int, workers: int, bandwidth: str | None, configs
     out = {}
     for c in configs:
         est = ours[ESTIMATE_KEY[c]]   # the baselines' entries model Horovod as users run it
-        if bandwidth is None:
+        if bandwidth is None and not read_loopback(calibration):
             link = {"payload_bytes": est.bytes_per_machine_per_step, "total_bytes": est.bytes_per_machine_per_step}
         else:
             # the estimate's own: with a calibration that read its links, every call priced as measured
             link = (est.link or predict_link_bytes(est.bytes_per_machine_per_step, est.step_time_s, calibration)).to_dict()
         out[c] = {"step_time_s": est.step_time_s, "link": link}
     return out
+
+
+def read_loopback(calibration) -> bool:
+    """Whether ``calibration`` read the loopback of the ranks' one machine as a link per rank
+    (``px.calibrate`` on one emulated machine, each rank taken as a machine): its link fits
+    carry bytes. Then a loopback row predicts ``lo``'s bytes per rank as a link's, framing and
+    the calls' overhead included; without them, the payload."""
+    fits = getattr(calibration, "link_fits", None) or {}
+    return any(fit.bytes_per_handed_byte > 0 or fit.overhead_bytes > 0 for fit in fits.values())
 
 
 def baseline_of(config: str) -> str | None:

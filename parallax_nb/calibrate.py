@@ -111,10 +111,19 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     else:
         where = f"emulated {network.spec}"
         with network:
-            kwargs["link_interface"] = network.interface
+            kwargs["link_interface"] = _emulated_link(network, workers_per_machine)
             per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=network.hostfile,
                                     mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo, env=env)
     return combine(per_rank, where)
+
+
+def _emulated_link(network, workers_per_machine: int | None) -> str:
+    """The interface an emulated network's ranks read as their link: every machine's own, but
+    on one machine whose ranks are each taken as a machine, its loopback, which carries their
+    traffic (read as a link per rank, :class:`~parallax_nb.runtime.calibrate._LinkReading`)."""
+    from .runtime.calibrate import LOOPBACK_INTERFACE
+
+    return LOOPBACK_INTERFACE if network.num_machines == 1 and workers_per_machine == 1 else network.interface
 
 
 def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeout_s: float, given: dict) -> Calibration:
@@ -139,6 +148,9 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
     job_arg = _check_job(job)
     from .cluster.engine import measure_on_engine
 
+    network = getattr(cluster, "network", None)
+    if link_interface is None and network is not None:
+        link_interface = _emulated_link(network, workers_per_machine)
     client, ids = cluster.client, cluster.engine_ids
     pending = [client[eid].apply_async(measure_on_engine, job_arg, workers_per_machine, link_interface) for eid in ids]
     per_rank = []
@@ -156,7 +168,6 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
                                    f"{type(e).__name__}: {e}; {restarted}",
                                    hint="fix the cause and calibrate again; timeout_s= gives slow links longer") from None
     per_rank.sort(key=lambda r: r["rank"])
-    network = getattr(cluster, "network", None)
     where = f"emulated {network.spec}" if network is not None else f"{len(ids)} engines of {cluster}"
     return combine(per_rank, where)
 

@@ -240,3 +240,25 @@ def test_calibrate_on_an_emulated_network_removes_it_when_a_rank_fails():
     with pytest.raises(DistributedError, match="model builder failed on purpose"):
         px.calibrate(emulate="2x1@1Gbit/s", job=job, timeout_s=180)
     assert ours() - before == set()
+
+
+def test_calibrating_one_emulated_machine_reads_its_loopback_as_a_link_per_rank():
+    """px.calibrate on one emulated machine, each rank taken as a machine (as bench_predict
+    calibrates its loopback settings): the ranks' traffic crosses the namespace's loopback, not
+    its link to the host, and is read as one link per rank. An alltoall or allgather of m bytes
+    on 2 ranks sends m/2 and receives m/2 per rank, so its link bytes per byte the model says
+    cross are about 1 (loopback frames 64 KiB segments: a few headers), and every call carries
+    some bytes of its own (headers, Horovod's negotiation). Read from the link to the host, as
+    before, every figure was 0."""
+    import parallax_nb as px
+
+    calibration = px.calibrate(emulate="1x2", workers_per_machine=1, timeout_s=180,
+                               env={"HOROVOD_CYCLE_TIME": "0.1"})
+    assert (calibration.machines, calibration.workers_per_machine) == (2, 1)
+    for op in ("allreduce", "allgather", "alltoall"):
+        fit = calibration.link_fit(op, "all")
+        framing = calibration.link_framing(op, "all")
+        assert fit is not None and 0.97 <= framing <= 1.2, (op, framing, fit)
+        assert fit.overhead_bytes > 0, (op, fit)
+    assert 0.97 <= calibration.payload_framing_factor <= 1.2
+    assert calibration.coordination_bytes_per_s > 0

@@ -256,11 +256,22 @@ def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int,
     return times, link.done()
 
 
+#: the interface that carries the traffic between ranks of one host: read as one link per rank
+LOOPBACK_INTERFACE = "lo"
+
+
 class _LinkReading:
-    """This machine's link counters from now to :meth:`done` (local rank 0 only, else None)."""
+    """This machine's link counters from now to :meth:`done` (local rank 0 only, else None).
+
+    :data:`LOOPBACK_INTERFACE` is read as each rank's own link, the ranks of one host taken as
+    machines of one rank each (``workers_per_machine=1`` on one emulated machine): it counts
+    every byte between them once as sent and once as received, so its bytes and packets
+    divided by the host's ranks are what one rank sent plus received, as a link per rank would
+    count them."""
 
     def __init__(self, hvd, interface: str | None):
         self.interface = interface if interface and hvd.local_rank() == 0 else None
+        self.sharing = hvd.local_size() if interface == LOOPBACK_INTERFACE else 1
         if self.interface:
             from .accounting import interface_totals
 
@@ -274,7 +285,7 @@ class _LinkReading:
         from .accounting import interface_totals
 
         bytes1, packets1 = interface_totals(self.interface)
-        return {"bytes": bytes1 - self.bytes, "packets": packets1 - self.packets,
+        return {"bytes": (bytes1 - self.bytes) / self.sharing, "packets": (packets1 - self.packets) / self.sharing,
                 "seconds": time.perf_counter() - self.start}
 
 
