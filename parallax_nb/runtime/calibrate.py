@@ -247,12 +247,13 @@ def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int,
     timed = [next(batches) for _ in range(compute_steps)]
     barrier(tag)
     link = _LinkReading(hvd, interface)
-    times = []
-    while len(times) < compute_steps or (sum(times) < COMPUTE_MIN_S and len(times) < COMPUTE_MAX_STEPS):
+    times, elapsed = [], 0.0
+    while len(times) < compute_steps or (elapsed < COMPUTE_MIN_S and len(times) < COMPUTE_MAX_STEPS):
         x, y = timed[len(times) % len(timed)]
         start = time.perf_counter()
         float(step(x, y))
         times.append(time.perf_counter() - start)
+        elapsed += times[-1]
     return times, link.done()
 
 
