@@ -64,6 +64,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from .allgatherv import crossing_slices, direct_slices
 from .errors import ConfigError
 from .types import PLAIN_HOROVOD, SPARSE_AS_DENSE
 
@@ -82,6 +83,9 @@ SCOPES = ("all", "machine", "cross")
 DEFAULT_MACHINE_LATENCY_S = 50e-6
 DEFAULT_MACHINE_BANDWIDTH_BPS = 40e9
 DEFAULT_CALL_OVERHEAD_S = 200e-6
+#: The call size whose allgatherv algorithm sets the defaults' allgather bandwidth: where the
+#: bytes, not the latency, decide a call's time (the largest size ``px.calibrate`` times).
+DEFAULT_BANDWIDTH_CALL_BYTES = 4 << 20
 #: Relative difference of a calibration's two compute readings above which its estimates say
 #: that the cores' speed moved while calibrating (their step times can miss by as much).
 COMPUTE_DRIFT_NOTED = 0.10
@@ -147,15 +151,18 @@ def _baseline_compute(value) -> dict:
     return out
 
 
-def link_factor(op: str, scope: str, machines: int, workers_per_machine: int) -> float:
+def link_factor(op: str, scope: str, machines: int, workers_per_machine: int,
+                bytes_per_rank: float | None = None) -> float:
     """Bytes crossing one machine's link in one direction per byte one rank hands to a call of
     ``op`` among ``scope``, all G ranks of every machine calling at once (N machines, W ranks):
 
     * allreduce: the machine's sum crosses as a two-level ring does, ``2 (N-1)/N`` (Open MPI's
       flat allreduce over ranks placed machine by machine measured so); "cross" runs G such
       rings side by side: ``G 2 (N-1)/N``;
-    * allgather: each rank's slice goes to every rank on other machines, ``G (W-G)``
-      ("cross": ``G (N-1)``);
+    * allgather: what Open MPI's allgatherv algorithm for calls of ``bytes_per_rank`` moves
+      across (:func:`parallax_nb.allgatherv.crossing_slices`: on 2 x 2 ranks 3 to 5 slices
+      by size, where direct sends move 4); without a size, direct sends: each rank's slice to
+      every rank on other machines, ``G (W-G)`` ("cross": ``G (N-1)``, every algorithm);
     * alltoall: a rank's tensor is spread over its peers, the share for other machines
       leaves: ``G (W-G)/W`` ("cross": ``G (N-1)/N``).
     """
@@ -164,7 +171,9 @@ def link_factor(op: str, scope: str, machines: int, workers_per_machine: int) ->
     if op == "allreduce":
         return 2.0 * (N - 1) / N * (G if scope == "cross" else 1)
     if op == "allgather":
-        return float(G * (W - G)) if scope == "all" else float(G * (N - 1))
+        if scope == "cross":
+            return G * (crossing_slices(N, 1, bytes_per_rank) if bytes_per_rank is not None else direct_slices(N, 1))
+        return crossing_slices(W, G, bytes_per_rank) if bytes_per_rank is not None else direct_slices(W, G)
     return G * (W - G) / W if scope == "all" else G * (N - 1) / N
 
 
@@ -219,8 +228,11 @@ class LinkFit:
 
     def framing_factor(self, op: str, scope: str, machines: int, workers_per_machine: int) -> float:
         """Link bytes per payload byte crossing the link: the slope over the payload's share of
-        a handed byte, both directions (``2 * link_factor``)."""
-        return self.bytes_per_handed_byte / (2.0 * link_factor(op, scope, machines, workers_per_machine))
+        a handed byte, both directions (``2 * link_factor``). The slope is measured between the
+        two largest sizes (:func:`fit_link`), so the payload's share is taken at the largest
+        (an allgatherv's algorithm, and what it moves across, changes with the size)."""
+        largest = self.points[-1][0] if self.points else None
+        return self.bytes_per_handed_byte / (2.0 * link_factor(op, scope, machines, workers_per_machine, largest))
 
 
 @dataclass(frozen=True)
@@ -448,7 +460,8 @@ class Calibration:
         message round (allreduce ``2 (n-1)``, allgather and alltoall ``n - 1``; ``n = W`` ranks
         for "all", ``N`` machines for "cross"), and moves its bytes at ``bandwidth_bps`` per
         direction of the link divided by :func:`link_factor` (how many bytes cross one
-        machine's link, one way, per byte a rank hands). Inside a machine (and on one
+        machine's link, one way, per byte a rank hands; for an allgather, by Open MPI's
+        algorithm for calls of :data:`DEFAULT_BANDWIDTH_CALL_BYTES`). Inside a machine (and on one
         machine) a call pays :data:`DEFAULT_MACHINE_LATENCY_S` plus the overhead and moves
         bytes at :data:`DEFAULT_MACHINE_BANDWIDTH_BPS`. No compute figure (the profile's step
         time is used)."""
@@ -462,7 +475,7 @@ class Calibration:
                     fits[f"{op}/{scope}"] = inside
                     continue
                 rounds = (2 if op == "allreduce" else 1) * (n - 1)
-                factor = link_factor(op, scope, machines, workers_per_machine)
+                factor = link_factor(op, scope, machines, workers_per_machine, DEFAULT_BANDWIDTH_CALL_BYTES)
                 fits[f"{op}/{scope}"] = CollectiveFit(DEFAULT_CALL_OVERHEAD_S + rounds * latency_s,
                                                       bandwidth_bps / factor)
         return cls(machines, workers_per_machine, fits, measured=False, where="defaults")

@@ -26,9 +26,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping
 
-from .cost.methods import variable_cost
 from .cost.choice import check_partitions, choose_method, default_partitions, partitions_resolver
-from .cost.pricing import check_inputs
+from .cost.pricing import check_inputs, variable_costs
 from .errors import ConfigError, ParallaxError, PlanError
 from .jsonfile import check_schema
 from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes, method_key
@@ -440,7 +439,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
     keeps it, except under AUTO, which then chooses it. ``calibration`` (a
     :class:`~parallax_nb.calibration.Calibration` of this cluster's shape) prices AUTO's
     choices; without one the defaults do. Each VariablePlan records the PS, AR and
-    sparse-as-dense bytes from :func:`parallax_nb.cost.variable_cost`.
+    sparse-as-dense bytes from :func:`parallax_nb.cost.pricing.variable_costs`.
     """
     check_inputs(profile, cluster, "make_plan", hint="profile the job first, or use plan_for_kinds() without a profile")
     architecture = Architecture.parse(architecture)
@@ -458,7 +457,7 @@ def make_plan(profile: Profile, cluster: ClusterSpec, architecture: "str | Archi
         if calibration is not None:
             from .cost.timing import calibration_for
             calibration_for(cluster, calibration)   # a calibration of another shape is refused here too
-        costs = [variable_cost(var, cluster) for var in profile.variables]
+        costs = variable_costs(profile, cluster)
         methods = [choose_method(var.kind, architecture) for var in profile.variables]
     resolve = partitions_resolver(profile.names, partitions, cluster)
     planned = []

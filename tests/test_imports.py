@@ -26,6 +26,7 @@ ROOMS = ("base", "job", "profile", "cost", "runtime", "cluster", "widgets", "rep
 ROOM_OF = {
     "errors": "base", "types": "base", "version": "base", "labels": "base", "jsonfile": "base", "progress": "base",
     "devices": "base", "environment": "base", "svg": "base", "failures": "base", "calibration": "base",
+    "allgatherv": "base",
     "ops": "job", "job": "job", "job_checks": "job", "workloads": "job",
     "profile": "profile",
     "cost": "cost", "plan": "cost", "executed": "cost", "planner": "cost", "staleness": "cost",

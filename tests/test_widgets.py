@@ -11,6 +11,7 @@ pytest.importorskip("ipywidgets")
 
 import parallax_nb as px
 from parallax_nb import cost
+from parallax_nb.cost.pricing import variable_costs
 from parallax_nb.errors import ConfigError, ParallaxError, PlanError
 from parallax_nb.plan import make_plan
 from parallax_nb.types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Method, format_bytes
@@ -74,8 +75,7 @@ def assert_planner_matches(planner, profile, **inputs):
     assert planner.estimates == baselines
     table = planner.table
     assert list(table.index) == profile.names
-    for var in profile.variables:
-        figures = cost.variable_cost(var, cluster)
+    for var, figures in zip(profile.variables, variable_costs(profile, cluster)):
         row = table.loc[var.name]
         assert row["ps_bytes_per_step"] == pytest.approx(figures.bytes_for("ps"), abs=0.5)
         assert row["ar_bytes_per_step"] == pytest.approx(figures.bytes_for("ar"), abs=0.5)

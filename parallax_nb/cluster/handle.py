@@ -432,19 +432,14 @@ class Run:
             planned_here = planned_here and cluster.workers_per_machine == self.machines[1]
             workers = self.machines[1]
         if self.profile is not None:
-            from ..cost import variable_cost
+            from ..cost.pricing import variable_costs
             from ..types import ClusterSpec
 
             topology = ClusterSpec(machines=self.engines // workers, workers_per_machine=workers,
                                    local_aggregation=bool(plan.local_aggregation) and workers > 1)
-            out = {}
-            for vp in plan.variables:
-                try:
-                    cost = variable_cost(self.profile[vp.name], topology)
-                except KeyError:
-                    continue
-                out[vp.name] = float(cost.bytes_for(vp.method)) / workers
-            return out
+            costs = {c.name: c for c in variable_costs(self.profile, topology)}
+            return {vp.name: float(costs[vp.name].bytes_for(vp.method)) / workers
+                    for vp in plan.variables if vp.name in costs}
         if not planned_here or (workers > 1 and not plan.local_aggregation):
             return {}
         return {vp.name: float(vp.bytes_per_step) / workers for vp in plan.variables if vp.bytes_per_step is not None}

@@ -42,9 +42,11 @@ ASSUMPTIONS = (
     "(α = 1 and no ids for a dense variable).",
     "Sparse-as-dense AR densifies a sparse gradient and allreduces it with the dense ones: 4·m·(N−1)/N bytes "
     "per machine. Plain Horovod's default allgathers the IndexedSlices among all W ranks, each rank its own "
-    "slices with duplicate rows (s profiled gradient bytes), no local aggregation: 2·G·s·(W−G) bytes per "
-    "machine. TensorFlow's parameter servers (the TF-PS baseline) are PS with every worker pushing and pulling "
-    "on its own (no local aggregation).",
+    "slices with duplicate rows (s profiled gradient bytes), no local aggregation: per machine what Open MPI "
+    "4.1's allgatherv algorithm for the call's size carries across (ranks placed machine by machine: 2·G·s·(W−G) "
+    "under direct sends, 2·s·(W−1) in a ring, which relays each slice into a machine once). "
+    "TensorFlow's parameter servers (the TF-PS baseline) are PS with every worker pushing and pulling on its "
+    "own (no local aggregation).",
     "Local aggregation (when on): a machine's G workers combine gradients first, so one participant per "
     "machine crosses the network and a sparse variable sends the measured union of its workers' rows "
     "(not G·α). When off, every worker is a participant with its own α. Dense AllReduce with local "
@@ -52,7 +54,11 @@ ASSUMPTIONS = (
     "two-level ring would (4·m·(N−1)/N per machine; Open MPI's allreduce measured 2.02·m vs 2·m on an "
     "emulated 2 x 2 network).",
     "A participant's volume is spread evenly over its n−1 peers, so the share leaving its machine is "
-    "(n−g)/(n−1) for g participants per machine; on one machine nothing crosses the network.",
+    "(n−g)/(n−1) for g participants per machine; on one machine nothing crosses the network. Allgathers among "
+    "several ranks per machine (plain Horovod's, AR without local aggregation) are the exception: they cross as "
+    "the algorithm Open MPI 4.1 picks for the size of Horovod's fused call moves them (a ring or a neighbour "
+    "exchange relays each slice into a machine once), every sparse variable's allgathers of a step taken as one "
+    "fused call for the values and one for the indices.",
     "Message rounds (descriptive; time comes from the calls): ring allreduce 2·(n−1), all dense allreduces "
     "fused into one per step (Horovod's tensor fusion); sparse allgather 2·(n−1) per variable; sparse PS "
     "3·(n−1) per variable (three alltoalls: ids, rows, gradients; one lookup per variable and step; a variable "

@@ -25,11 +25,11 @@ among the ranks of one local index ("cross"), then share inside the machine agai
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 from ..types import (ASYNC_PS, PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, ClusterSpec, Collective, Kind, Method, MethodCost,
                      VariableCost, VariableProfile)
-from .model import (INDEX_BYTES, allgather_duplicates_bytes, allgather_index_bytes, allgather_value_bytes,
+from .model import (INDEX_BYTES, allgather_index_bytes, allgather_value_bytes, allgatherv_link_bytes,
                     allreduce_bytes, participants, ps_index_bytes, ps_value_bytes, remote_share, rounds)
 
 CostFunction = Callable[[VariableProfile, ClusterSpec], MethodCost]
@@ -73,16 +73,21 @@ def ar_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
                       (_calls("allreduce", "all", var.size_bytes),), fused_allreduce=True)
 
 
-def ar_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
+def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers | None = None) -> MethodCost:
     """Allgatherv of the deduplicated rows: ``2 a m (n-1)`` + indices ``2 * 8 a R (n-1)``.
 
     Calls (one rank's handed bytes): flat, an allgather of its ``a1 m`` value bytes and one of
     its ``8 a1 R`` index bytes. Two-level (G > 1): gathers of its values and indices inside the
     machine (each tiled to the G ranks: ``G a1 m``, ``G 8 a1 R``), across machines its 1/G of
     the machine's union tiled to N peers (``N aG m / G``, ``N 8 aG R / G``), and shares of the
-    N machines' unions inside the machine (``N aG m``, ``N 8 aG R``)."""
+    N machines' unions inside the machine (``N aG m``, ``N 8 aG R``).
+
+    Flat, a machine's link carries what Open MPI's allgatherv algorithm moves across
+    (:func:`.model.allgatherv_link_bytes`), chosen by the size of Horovod's fused call: a step's
+    AR allgathers leave the backward pass together and Horovod fuses them, values with values
+    and indices with indices (``step``, :func:`step_allgathers`: every sparse variable's, taken
+    as if all were on AR), as it fuses plain Horovod's."""
     n, scale, alpha = _shape(var, cluster)
-    index = allgather_index_bytes(alpha, var.rows, n) * scale
     values, ids = alpha * var.size_bytes, INDEX_BYTES * alpha * var.rows
     if _two_level(cluster):
         N, G = cluster.machines, cluster.workers_per_machine
@@ -90,10 +95,15 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
         inside = _calls("alltoall", "machine", G * one * var.size_bytes, G * INDEX_BYTES * one * var.rows,
                         N * values, N * ids)
         collectives = (inside, _calls("alltoall", "cross", N * values / G, N * ids / G)) if N > 1 else (inside,)
-    else:
-        collectives = (_calls("allgather", "all", values, ids),)
-    return MethodCost(allgather_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                      _rounds("allgather", n, cluster), collectives)
+        index = allgather_index_bytes(alpha, var.rows, n) * scale
+        return MethodCost(allgather_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
+                          _rounds("allgather", n, cluster), collectives)
+    # flat: Open MPI's allgatherv of the values and of the indices among the n participants
+    _, g = participants(cluster)
+    step = step or StepAllgathers(0.0, 0.0, values, ids)
+    index = allgatherv_link_bytes(ids, n, g, step.ar_index_bytes)
+    return MethodCost(allgatherv_link_bytes(values, n, g, step.ar_values_bytes) + index, index,
+                      _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),))
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
@@ -226,22 +236,60 @@ def horovod_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     return ar_dense(var, _placed_by_machine(cluster))
 
 
-def horovod_sparse(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
-    """Horovod's default for ``IndexedSlices`` as users run it: allgathered among **all W ranks**,
-    each rank sending its own slices as TensorFlow made them (one row per lookup, duplicates
-    included), no local aggregation: ``2 s (W-1)`` per rank for ``s`` profiled gradient bytes
-    (values and int64 indices), of which a machine's link carries ``G * r`` with
-    ``r = (W-G)/(W-1)``: ``2 G s (W-G)``. Calls: an allgather of the values and one of the
-    indices, ``s`` bytes handed in all."""
-    W, G = cluster.workers, cluster.workers_per_machine
+def horovod_slices(var: VariableProfile) -> tuple[float, float]:
+    """``(values, indices)``: the bytes one rank hands to plain Horovod's two allgathers of
+    ``var``'s gradient, the ``IndexedSlices`` as TensorFlow made them (one row per lookup,
+    duplicates included): the profiled ``s`` gradient bytes split by row width and int64 index."""
     per_worker = var.grad_bytes_per_step if var.grad_bytes_per_step > 0 else \
         var.alpha_for_workers(1) * var.rows * (var.row_bytes + INDEX_BYTES)
     index = per_worker * INDEX_BYTES / (var.row_bytes + INDEX_BYTES)
-    scale = G * remote_share(W, G)
-    return MethodCost(allgather_duplicates_bytes(per_worker, W) * scale,
-                      allgather_duplicates_bytes(index, W) * scale,
+    return per_worker - index, index
+
+
+def horovod_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers | None = None) -> MethodCost:
+    """Horovod's default for ``IndexedSlices`` as users run it: allgathered among **all W ranks**,
+    each rank sending its own slices as TensorFlow made them (:func:`horovod_slices`), no local
+    aggregation. Calls: an allgather of the values and one of the indices.
+
+    A machine's link carries what Open MPI's allgatherv algorithm moves across
+    (:func:`.model.allgatherv_link_bytes`; ``2 G s (W-G)`` under direct sends), and the algorithm
+    follows the size of the MPI call. Horovod fuses the allgathers its background loop finds
+    ready together into one call (tensor fusion, as for allreduces): a step's sparse gradients
+    leave the backward pass together, and Horovod 0.28's timeline showed the recommender's four
+    tables in two ``MPI_Allgatherv`` a step, one of every table's values and one of every
+    table's indices. ``step`` (:func:`step_allgathers`) gives those fused calls' sizes; without
+    it, the variable's own. The calls stay listed per variable, as the program issues them
+    and as parallax_nb's own calls are counted (:mod:`.timing`)."""
+    W, G = cluster.workers, cluster.workers_per_machine
+    values, index = horovod_slices(var)
+    step = step or StepAllgathers(values, index, 0.0, 0.0)
+    index_link = allgatherv_link_bytes(index, W, G, step.horovod_index_bytes)
+    return MethodCost(allgatherv_link_bytes(values, W, G, step.horovod_values_bytes) + index_link, index_link,
                       0 if cluster.machines == 1 else rounds("allgather", W),
-                      (_calls("allgather", "all", per_worker - index, index),))
+                      (_calls("allgather", "all", values, index),))
+
+
+class StepAllgathers(NamedTuple):
+    """The bytes one rank hands to the fused allgathers of one step, every sparse variable's
+    together: plain Horovod's values and indices (:func:`horovod_slices`), and parallax_nb's AR
+    of the deduplicated rows without local aggregation (``a1 m`` and ``8 a1 R``)."""
+
+    horovod_values_bytes: float
+    horovod_index_bytes: float
+    ar_values_bytes: float
+    ar_index_bytes: float
+
+
+def step_allgathers(variables) -> StepAllgathers | None:
+    """The :class:`StepAllgathers` of a model's ``variables`` (None without a sparse one)."""
+    sparse = [v for v in variables if v.kind is Kind.SPARSE]
+    if not sparse:
+        return None
+    slices = [horovod_slices(v) for v in sparse]
+    alphas = [v.alpha_for_workers(1) for v in sparse]
+    return StepAllgathers(sum(s[0] for s in slices), sum(s[1] for s in slices),
+                          sum(a * v.size_bytes for a, v in zip(alphas, sparse)),
+                          sum(INDEX_BYTES * a * v.rows for a, v in zip(alphas, sparse)))
 
 
 def _without_local_aggregation(cost: CostFunction) -> CostFunction:
@@ -275,17 +323,23 @@ class CostTable(dict):
     way of reading the whole table (iteration, ``items()``, ``len``, ``==``) fills it first, so
     it reads as the complete dict it stands for."""
 
-    def __init__(self, var: VariableProfile, cluster: ClusterSpec):
+    def __init__(self, var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers | None = None):
         eager, pending, self._reuse = _LAYOUT[var.kind, cluster.local_aggregation]
-        self._var, self._cluster = var, cluster
+        self._var, self._cluster, self._step = var, cluster, step
         self._pending = dict(pending)
-        super().__init__([(key, cost(var, cluster)) for key, cost in eager])
+        super().__init__([(key, self._make(key, cost)) for key, cost in eager])
+
+    def _make(self, key: str, cost: CostFunction) -> MethodCost:
+        """The entry of ``key``; a sparse variable's allgathers priced at the step's fused sizes."""
+        if self._step is not None and self._var.kind is Kind.SPARSE and key in _FUSED_ALLGATHERS:
+            return _FUSED_ALLGATHERS[key](self._var, self._cluster, self._step)
+        return cost(self._var, self._cluster)
 
     def __missing__(self, key):
         cost = self._pending.pop(key, None)
         if cost is None:
             raise KeyError(key)
-        value = self[self._reuse[key]] if key in self._reuse else cost(self._var, self._cluster)
+        value = self[self._reuse[key]] if key in self._reuse else self._make(key, cost)
         dict.__setitem__(self, key, value)
         return value
 
@@ -335,6 +389,9 @@ class CostTable(dict):
         return dict, (dict(self.fill()),)
 
 
+# the sparse entries whose allgathers Horovod fuses across a step's variables
+_FUSED_ALLGATHERS = {Method.AR.value: ar_sparse, PLAIN_HOROVOD: horovod_sparse}
+
 # per (kind, local aggregation): the methods' entries, the baselines' (made on first use) and
 # which baseline shares which entry
 _LAYOUT = {(kind, aggregated): (_ENTRIES[kind][:len(Method)], dict(_ENTRIES[kind][len(Method):]),
@@ -351,13 +408,15 @@ def method_costs(var: VariableProfile, cluster: ClusterSpec) -> dict[str, Method
     return CostTable(var, cluster)
 
 
-def variable_cost(var: VariableProfile, cluster: ClusterSpec) -> VariableCost:
+def variable_cost(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers | None = None) -> VariableCost:
     """``var``'s bytes per machine per step under every method and baseline of the tables above.
 
     ``alpha`` is ``alpha_for_workers(G)`` with local aggregation and ``alpha_for_workers(1)``
-    without (1 for a dense variable).
+    without (1 for a dense variable). ``step``: the sizes of the fused allgathers in the step of
+    ``var``'s model (:func:`step_allgathers`), which choose Open MPI's algorithm for a sparse
+    variable's AR and plain Horovod bytes; without it, the variable's own sizes.
     """
     n, g = participants(cluster)
     alpha = 1.0 if var.kind is Kind.DENSE else \
         var.alpha_for_workers(cluster.workers_per_machine if cluster.local_aggregation else 1)
-    return VariableCost(var.name, var.kind, var.size_bytes, var.rows, alpha, n, g, CostTable(var, cluster))
+    return VariableCost(var.name, var.kind, var.size_bytes, var.rows, alpha, n, g, CostTable(var, cluster, step))

@@ -31,24 +31,23 @@ Per-participant volume (to and from all its peers)
   ``1/n`` of the rows, receives the others' gradients for them and sends them the values:
   ``4 * a * m * (n-1) / n``; the ids travel once to the owners and are received once by them:
   ``2 * I * a * R * (n-1) / n``
-* AR of a sparse gradient (allgatherv of values and of indices): each participant sends its
-  ``a * m`` bytes to ``n-1`` peers and receives theirs: ``2 * a * m * (n-1)``, indices
-  ``2 * I * a * R * (n-1)``
+* AR of a sparse gradient (allgatherv of values and of indices): each participant's
+  ``a * m`` bytes reach its ``n-1`` peers and theirs reach it: ``2 * a * m * (n-1)``, indices
+  ``2 * I * a * R * (n-1)`` (what crosses machines: below)
 * sparse-as-dense AR: the sparse gradient densified, then allreduced: ``4 * m * (n-1) / n``
 * PS of a dense variable: the PS formula with ``a = 1`` and no indices, ``4 * m * (n-1) / n``.
 * plain Horovod's default for a sparse gradient (the ``horovod`` baseline): the
-  ``IndexedSlices`` allgathered as TensorFlow made it, one row per lookup, duplicates
-  included, so the profiled ``grad_bytes_per_step`` (``s`` bytes of values + indices per
-  worker) replaces ``a * (m + I * R)``: ``2 * c * s * (n-1)``, with ``c = G`` slices
-  concatenated per participant under local aggregation (no dedupe), ``c = 1`` without.
-  parallax_nb's own AR sums duplicates first, so its AR figure uses the unique rows.
+  ``IndexedSlices`` allgathered as TensorFlow made it among all W ranks, one row per lookup,
+  duplicates included, so the profiled ``grad_bytes_per_step`` (``s`` bytes of values +
+  indices per worker) replaces ``a * (m + I * R)``, never locally aggregated. parallax_nb's
+  own AR sums duplicates first, so its AR figure uses the unique rows.
 
 From participants to one machine's link
 ---------------------------------------
 A machine carries the traffic of its g participants with peers on **other** machines. We
 assume each participant's volume is spread evenly over its ``n-1`` peers (exact for the
-all-to-all exchange of the PS and for the allgather's direct sends; the volume of a ring), so
-the share that leaves the machine is ``r = (n - g) / (n - 1)`` (``r = 0`` when ``N = 1``):
+all-to-all exchange of the PS; the volume of a ring), so the share that leaves the machine is
+``r = (n - g) / (n - 1)`` (``r = 0`` when ``N = 1``):
 
     machine bytes = g * r * per-participant bytes
 
@@ -56,11 +55,19 @@ the share that leaves the machine is ``r = (n - g) / (n - 1)`` (``r = 0`` when `
 worker's peers that live on other machines; without r a single machine of G workers would
 seem to use the network.)
 
+An allgatherv among ranks of several per machine (plain Horovod's, parallax_nb's AR without
+local aggregation) is the exception: what crosses depends on the algorithm Open MPI picks for
+the size, and a ring or a neighbour exchange relays each slice into a machine once instead of
+to each of its ranks (:func:`allgatherv_link_bytes`, :mod:`parallax_nb.allgatherv`). On 2 x 2 ranks a
+machine carries 6, 8 or 10 slices by size, where ``2 g r (n-1) = 8``; on 8 x 6, 94 in a ring
+against 504. With one participant per machine every algorithm but the gather and broadcast of slices
+under a few hundred bytes moves ``2 (n-1)`` slices.
+
 With local aggregation ``g = 1, r = 1`` and the figures are DESIGN.md §6's formulas with N
 machines. Without it, PS figures become ``G`` times the per-machine formula with N
-(e.g. ``4 * G * m * (N-1) / N``), and the sparse AR figure becomes
-``2 * G**2 * alpha_1 * m * (N-1)``. A topology-aware hierarchical ring would send less than
-this without local aggregation; that saving is exactly what local aggregation models. The
+(e.g. ``4 * G * m * (N-1) / N``), and the sparse AR figure is the allgatherv's among all W
+ranks (above): ``2 * G**2 * alpha_1 * m * (N-1)`` under direct sends, less where the algorithm
+relays. Local aggregation also removes the duplicate rows of a machine's G batches. The
 dense allreduce is the exception (:func:`parallax_nb.cost.methods.ar_dense`): the runtime
 issues the same allreduce over all ranks either way, and over ranks placed machine by machine
 Open MPI's allreduce crosses as the two-level figure, so it is charged that figure either way.
@@ -82,6 +89,7 @@ partition search measures.
 from __future__ import annotations
 
 from ..types import ClusterSpec
+from ..allgatherv import crossing_slices
 
 INDEX_BYTES = 8  # one int64 row index
 _ROUNDS_PER_PEER = {"allreduce": 2, "allgather": 2, "ps_sparse": 3, "ps_dense": 2}
@@ -124,9 +132,15 @@ def allgather_index_bytes(alpha: float, rows: int, n: int) -> float:
     return 2.0 * INDEX_BYTES * alpha * rows * (n - 1)
 
 
-def allgather_duplicates_bytes(slice_bytes: float, n: int) -> float:
-    """Allgatherv of a participant's un-deduplicated slices of ``s`` bytes: ``2 * s * (n-1)`` bytes."""
-    return 2.0 * slice_bytes * (n - 1)
+def allgatherv_link_bytes(slice_bytes: float, n: int, g: int, call_bytes: float | None = None) -> float:
+    """One allgatherv of ``slice_bytes`` per participant among n participants placed g to a
+    machine: the bytes one machine's link sends plus receives as Open MPI's algorithm for that
+    size moves them (:func:`parallax_nb.allgatherv.crossing_slices`), the mean over the
+    machines; ``2 * slice_bytes * g * (n-g)`` under direct sends, ``2 * slice_bytes * (n-1)``
+    for every algorithm with one participant per machine; 0 on one machine. ``call_bytes``:
+    what each participant hands to the whole call when these slices ride a fused one (the
+    algorithm follows the call's size), else ``slice_bytes``."""
+    return 2.0 * slice_bytes * crossing_slices(n, g, slice_bytes if call_bytes is None else call_bytes)
 
 
 def rounds(collective: str, n: int) -> int:

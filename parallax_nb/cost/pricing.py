@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost,
                      partitions_served, row_owners)
 from .choice import choose_method
-from .methods import ps_sparse_alone, variable_cost
+from .methods import ps_sparse_alone, step_allgathers, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
 from .timing import (CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
@@ -48,14 +48,17 @@ def check_inputs(profile, cluster, who: str = "the cost model", **profile_hint) 
 
 
 def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]:
-    """:func:`variable_cost` of every variable of ``profile``, in profile order. A dense
+    """:func:`variable_cost` of every variable of ``profile``, in profile order, the sparse
+    variables' allgathers priced at the size of the step's fused calls
+    (:func:`.methods.step_allgathers`). A dense
     variable's costs depend on its bytes alone, so dense variables of one size share one
     table of entries (a model repeats its layers' shapes)."""
     by_size: dict[int, VariableCost] = {}
+    fused = step_allgathers(profile.variables)
     out = []
     for v in profile.variables:
         if v.kind is not Kind.DENSE:
-            out.append(variable_cost(v, cluster))
+            out.append(variable_cost(v, cluster, fused))
             continue
         same = by_size.get(v.size_bytes)
         if same is None:

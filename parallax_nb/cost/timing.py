@@ -24,6 +24,10 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
 * The dense AR gradients of a step are allreduced one by one and fused by Horovod's
   background thread (tensor fusion): charged as one call, its latency paid once per step,
   its bytes the sum of theirs.
+* Every other call is charged as the program issues it, parallax_nb's and the baselines'
+  alike, though Horovod fuses some of them into one MPI call (plain Horovod's allgathers of
+  a step's sparse gradients: two ``MPI_Allgatherv`` for the recommender's eight calls). The
+  link bytes follow the fused call's size (:func:`.methods.horovod_sparse`).
 * One rank (``W = 1``) issues no collective: the step is compute only.
 """
 from __future__ import annotations

@@ -1,0 +1,120 @@
+"""How Open MPI runs an allgatherv, and what of it crosses one machine's link.
+
+Horovod allgathers a sparse gradient (plain Horovod's ``IndexedSlices``, parallax_nb's AR of a
+sparse variable without local aggregation) with one ``MPI_Allgatherv`` per tensor. Open MPI
+4.1's ``coll/tuned`` component picks the algorithm from the communicator's size and the mean
+bytes each rank contributes (its fixed decision rules), and the algorithms differ in what
+crosses the machines' links when ranks are placed machine by machine (ranks ``0..G-1`` on the
+first machine, and so on):
+
+* **direct sends** (each slice straight to every rank of other machines): ``G (W-G)`` slices
+  leave a machine; this is the two-process exchange (W = 2);
+* **ring**: each slice passes from rank to rank, so it enters every other machine once: a
+  machine sends ``W-1`` slices, whatever G is;
+* **Bruck**: ``log2 W`` steps, at step k each rank sends what it holds to the rank ``2^k``
+  below it: on 2 x 2 ranks 5 slices leave a machine (direct: 4), on 4 x 2 ranks 13 (12);
+* **neighbour exchange** (an even W; odd falls back to the ring): pairs, then 2 slices at a
+  time between alternating neighbours;
+* **gather to rank 0 and broadcast** (Open MPI's "default", for slices of a few hundred bytes).
+
+Measured on the emulated networks (``px.calibrate``, the allgatherv's link bytes per byte a
+rank hands, both directions, 2 x 2 ranks): 6.3 at 4 KiB (the ring: 6), 10.1 at 64 KiB (Bruck:
+10), 7.7 at 4 MiB (neighbour exchange: 8); on 4 x 2 ranks 25.4-26.5 at 256 B-4 MiB (Bruck:
+26). Direct sends would say 8 and 24 at every size.
+
+:func:`crossing_slices` gives the slices one machine's link carries one way per call, the
+mean over the machines, by playing the algorithm's messages (:func:`messages`) over ranks
+placed machine by machine. Other MPI libraries and NCCL choose differently; this module
+describes the stack parallax_nb runs (Open MPI 4.1 over TCP). Pure Python.
+"""
+from __future__ import annotations
+
+import functools
+
+DIRECT = "direct"
+RING = "ring"
+BRUCK = "bruck"
+NEIGHBOUR = "neighbour exchange"
+GATHER_BCAST = "gather and broadcast"
+
+# Open MPI 4.1 coll/tuned, fixed decision for MPI_Allgatherv: per communicator size (below
+# the bound), the algorithm for a mean contribution per rank below each byte bound (the last
+# bound is None: every larger size).
+_RULES = (
+    (8, ((256, GATHER_BCAST), (4096, NEIGHBOUR), (8192, RING), (16384, NEIGHBOUR), (262144, BRUCK), (None, NEIGHBOUR))),
+    (16, ((1024, GATHER_BCAST), (None, BRUCK))),
+    (32, ((128, GATHER_BCAST), (262144, BRUCK), (None, RING))),
+    (64, ((256, GATHER_BCAST), (8192, BRUCK), (None, RING))),
+    (128, ((256, GATHER_BCAST), (4096, BRUCK), (None, RING))),
+    (256, ((1024, BRUCK), (65536, NEIGHBOUR), (None, RING))),
+    (512, ((1024, BRUCK), (None, RING))),
+    (1024, ((512, BRUCK), (1024, GATHER_BCAST), (4096, BRUCK), (1048576, NEIGHBOUR), (None, RING))),
+    (None, ((4096, BRUCK), (None, NEIGHBOUR))),
+)
+
+
+def algorithm(ranks: int, bytes_per_rank: float) -> str:
+    """The algorithm Open MPI 4.1 runs for an allgatherv among ``ranks`` ranks whose
+    contributions average ``bytes_per_rank`` bytes."""
+    if ranks <= 2:
+        return DIRECT
+    for size_bound, by_bytes in _RULES:
+        if size_bound is None or ranks < size_bound:
+            for byte_bound, name in by_bytes:
+                if byte_bound is None or bytes_per_rank < byte_bound:
+                    return RING if name == NEIGHBOUR and ranks % 2 else name
+    raise AssertionError("the last rule has no bound")
+
+
+@functools.lru_cache(maxsize=256)
+def messages(name: str, ranks: int) -> tuple[tuple[int, int, int], ...]:
+    """``(sender, receiver, slices)`` of every message of one allgatherv by ``name`` among
+    ``ranks`` ranks, a slice being one rank's contribution."""
+    W = ranks
+    out = []
+    if name == DIRECT:
+        out = [(s, r, 1) for s in range(W) for r in range(W) if s != r]
+    elif name == RING:
+        out = [(s, (s + 1) % W, 1) for _ in range(W - 1) for s in range(W)]
+    elif name == BRUCK:
+        distance = 1
+        while distance < W:
+            out += [(s, (s - distance) % W, min(distance, W - distance)) for s in range(W)]
+            distance *= 2
+    elif name == NEIGHBOUR:
+        def neighbour(rank: int, which: int) -> int:
+            up = (rank % 2 == 0) == (which == 0)
+            return (rank + 1) % W if up else (rank - 1) % W
+        out = [(s, neighbour(s, 0), 1) for s in range(W)]
+        out += [(s, neighbour(s, step % 2), 2) for step in range(1, W // 2) for s in range(W)]
+    elif name == GATHER_BCAST:
+        out = [(s, 0, 1) for s in range(1, W)]
+        # a binomial tree from rank 0: each rank receives the whole result from the rank that
+        # is it without its highest set bit
+        out += [(r - (1 << (r.bit_length() - 1)), r, W) for r in range(1, W)]
+    else:
+        raise ValueError(f"unknown allgatherv algorithm {name!r}")
+    return tuple(out)
+
+
+def crossing_slices(ranks: int, per_machine: int, bytes_per_rank: float) -> float:
+    """Slices (one rank's contribution each) that one machine's link carries **one way** in one
+    allgatherv among ``ranks`` ranks placed ``per_machine`` to a machine, the mean over the
+    machines: the algorithm Open MPI runs at ``bytes_per_rank`` played message by message.
+    0 when all ranks share one machine."""
+    if per_machine < 1 or ranks % per_machine:
+        raise ValueError(f"{ranks} ranks do not fill machines of {per_machine}")
+    machines = ranks // per_machine
+    if machines < 2:
+        return 0.0
+    return _crossing(algorithm(ranks, bytes_per_rank), ranks, per_machine) / machines
+
+
+@functools.lru_cache(maxsize=1024)
+def _crossing(name: str, ranks: int, per_machine: int) -> int:
+    return sum(n for s, r, n in messages(name, ranks) if s // per_machine != r // per_machine)
+
+
+def direct_slices(ranks: int, per_machine: int) -> float:
+    """Slices one machine's link carries one way under direct sends: ``G (W-G)``."""
+    return float(per_machine * (ranks - per_machine))
