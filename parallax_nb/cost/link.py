@@ -42,9 +42,10 @@ figures replace the assumed ones::
 (:func:`.timing.payload_by_call`); ``framing_factor[op/scope]`` the link bytes that op and scope
 measured per byte the model says crosses (:meth:`~parallax_nb.calibration.LinkFit.framing_factor`):
 on the emulated network's veth links, whose counters see segmentation-offloaded super-frames,
-1.00 for alltoall and allreduce, not 1.0684; 1.06 for Open MPI's allgatherv among 8 ranks on
-4 machines, whose algorithm sends some slices over a link more than once (the model counts
-direct sends; on 2 x 2 ranks it measured 0.93-1.00). Payload no call names (asynchronous
+1.00 for alltoall and allreduce, not 1.0684, and 0.98-0.99 for Open MPI's allgatherv, whose
+payload the model counts as its algorithm moves it (:mod:`parallax_nb.allgatherv`; against
+direct sends the allgatherv read 1.06 among 8 ranks on 4 machines, Bruck's algorithm, and
+0.77-1.17 by size on 2 x 2 ranks). Payload no call names (asynchronous
 point-to-point traffic) takes the median factor over the scopes. A call's ``overhead_bytes``
 (:class:`~parallax_nb.calibration.LinkFit`) is what the link carried per call besides its
 payload: the headers and ACKs of its messages and Horovod's negotiation while it runs
@@ -145,8 +146,8 @@ def _finite_at_least_0(value) -> bool:
 
 def _measured_framing(payload: float, shares: tuple, median_factor: float, calibration) -> float:
     """Framing bytes of ``payload`` under a calibration's link fits: each ``(op/scope, bytes)``
-    share at its fit's own factor (e.g. Open MPI's allgatherv among 8 ranks on 4 machines
-    carried 1.06 x the direct sends' bytes, where alltoall and allreduce carried 1.00), the
+    share at its fit's own factor (each op's link bytes per byte of the payload the model
+    counts; the allgatherv's as its algorithm moves it), the
     payload no share names at ``median_factor``. A factor below 1 is the counters' noise: a
     link carries at least the payload."""
     framing, named = 0.0, 0.0
