@@ -287,3 +287,37 @@ def test_an_allgatherv_across_emulated_machines_carries_what_its_algorithm_moves
     # the framing of the payload the model now counts: about 1 (the slope's bytes over Bruck's or
     # the neighbour exchange's at 4 MiB)
     assert 0.9 <= calibration.link_framing("allgather", "all") <= 1.1
+
+
+def test_plain_horovods_link_on_two_emulated_machines_is_what_the_model_predicts(tmp_path):
+    """Real plain Horovod (the recommender as Keras builds it, DistributedGradientTape) on 2
+    emulated machines of 2 ranks at 1 Gbit/s, through bench_predict: its link bytes per machine
+    and step, read from the links' kernel counters, against the calibrated prediction. Horovod
+    fuses the four tables' allgathers into one of 32 KiB a rank, which Open MPI runs by Bruck's
+    algorithm; priced so, the prediction is within 5 % (-2.6 to -2.8 % in three invocations on
+    2026-11-28). Priced as direct sends it read 14 % short, so the measurement must also be
+    nearer the prediction than the direct sends' payload is."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import json
+
+    import bench_predict
+    from parallax_nb.cost.methods import horovod_slices
+    from parallax_nb.types import Kind, Profile
+
+    out = tmp_path / "predict.json"
+    code = bench_predict.main(["--calibrate", "--workloads", "recommender", "--networks", "2x2@1Gbit/s",
+                               "--configs", "horovod", "--warmup", "3", "--steps", "5", "--repeats", "2",
+                               "--no-compute-control", "--workdir", str(tmp_path / "work"), "--json", str(out)])
+    assert code == 0
+    setting = json.loads(out.read_text())["settings"][0]
+    row = setting["comparison"]["rows"]["horovod"]
+    assert abs(row["link_error_pct"]) <= 5.0, row
+    link = setting["prediction"]["horovod"]["link"]
+    profile = Profile.from_json(str(tmp_path / "work" / "profile-recommender.json"))
+    sparse = [horovod_slices(v) for v in profile.variables if v.kind is Kind.SPARSE]
+    fused_values = sum(values for values, _ in sparse)
+    # direct sends: every rank's slices to the 2 ranks of the other machine, 8 slices a machine
+    direct = link["payload_calls"]["allreduce/all"] + 8 * sum(values + ids for values, ids in sparse)
+    assert fused_values >= 16384    # the fused call is in Bruck's band, each table's alone is not
+    measured = row["measured_link_bytes"]
+    assert abs(measured - row["predicted_link_bytes"]) < abs(measured - direct), (measured, row, direct)
