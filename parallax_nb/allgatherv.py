@@ -18,9 +18,10 @@ first machine, and so on):
 * **gather to rank 0 and broadcast** (Open MPI's "default", for slices of a few hundred bytes).
 
 Measured on the emulated networks (``px.calibrate``, the allgatherv's link bytes per byte a
-rank hands, both directions, 2 x 2 ranks): 6.3 at 4 KiB (the ring: 6), 10.1 at 64 KiB (Bruck:
-10), 7.7 at 4 MiB (neighbour exchange: 8); on 4 x 2 ranks 25.4-26.5 at 256 B-4 MiB (Bruck:
-26). Direct sends would say 8 and 24 at every size.
+rank hands, both directions, the per-call overhead taken out; 2 x 2 ranks, 2026-11-28): 6.13
+at 4 KiB (the ring: 6), 9.38 at 64 KiB (Bruck: 10), 7.36-7.78 at 1-4 MiB (neighbour exchange:
+8); on 4 x 2 ranks 25.4-26.5 at 256 B-4 MiB (Bruck: 26). Direct sends would say 8 and 24 at
+every size.
 
 :func:`crossing_slices` gives the slices one machine's link carries one way per call, the
 mean over the machines, by playing the algorithm's messages (:func:`messages`) over ranks
@@ -66,35 +67,42 @@ def algorithm(ranks: int, bytes_per_rank: float) -> str:
     raise AssertionError("the last rule has no bound")
 
 
-@functools.lru_cache(maxsize=256)
 def messages(name: str, ranks: int) -> tuple[tuple[int, int, int], ...]:
     """``(sender, receiver, slices)`` of every message of one allgatherv by ``name`` among
     ``ranks`` ranks, a slice being one rank's contribution."""
+    return tuple(m for pattern, repeats in _steps(name, ranks) for _ in range(repeats) for m in pattern)
+
+
+@functools.lru_cache(maxsize=256)
+def _steps(name: str, ranks: int) -> tuple[tuple[tuple[tuple[int, int, int], ...], int], ...]:
+    """The algorithm's messages as ``(one step's messages, how many steps send them)``: a ring
+    repeats one step W-1 times and a neighbour exchange alternates two, so counting them costs
+    O(W) per step pattern, not O(W^2)."""
     W = ranks
-    out = []
     if name == DIRECT:
-        out = [(s, r, 1) for s in range(W) for r in range(W) if s != r]
-    elif name == RING:
-        out = [(s, (s + 1) % W, 1) for _ in range(W - 1) for s in range(W)]
-    elif name == BRUCK:
-        distance = 1
+        return (tuple((s, r, 1) for s in range(W) for r in range(W) if s != r), 1),
+    if name == RING:
+        return (tuple((s, (s + 1) % W, 1) for s in range(W)), W - 1),
+    if name == BRUCK:
+        out, distance = [], 1
         while distance < W:
-            out += [(s, (s - distance) % W, min(distance, W - distance)) for s in range(W)]
+            out.append((tuple((s, (s - distance) % W, min(distance, W - distance)) for s in range(W)), 1))
             distance *= 2
-    elif name == NEIGHBOUR:
-        def neighbour(rank: int, which: int) -> int:
-            up = (rank % 2 == 0) == (which == 0)
-            return (rank + 1) % W if up else (rank - 1) % W
-        out = [(s, neighbour(s, 0), 1) for s in range(W)]
-        out += [(s, neighbour(s, step % 2), 2) for step in range(1, W // 2) for s in range(W)]
-    elif name == GATHER_BCAST:
-        out = [(s, 0, 1) for s in range(1, W)]
-        # a binomial tree from rank 0: each rank receives the whole result from the rank that
-        # is it without its highest set bit
-        out += [(r - (1 << (r.bit_length() - 1)), r, W) for r in range(1, W)]
-    else:
-        raise ValueError(f"unknown allgatherv algorithm {name!r}")
-    return tuple(out)
+        return tuple(out)
+    if name == NEIGHBOUR:
+        def step(which: int, slices: int) -> tuple:
+            # even ranks pair with the rank above them in step 0 and the even steps after it,
+            # with the rank below in the odd steps; odd ranks the other way round
+            return tuple((s, (s + 1) % W if (s % 2 == 0) == (which == 0) else (s - 1) % W, slices) for s in range(W))
+        later = W // 2 - 1
+        return tuple(pattern for pattern in ((step(0, 1), 1), (step(1, 2), (later + 1) // 2), (step(0, 2), later // 2))
+                     if pattern[1] > 0)
+    if name == GATHER_BCAST:
+        # a gather to rank 0, then a binomial tree from it: each rank receives the whole result
+        # from the rank that is it without its highest set bit
+        return ((tuple((s, 0, 1) for s in range(1, W)), 1),
+                (tuple((r - (1 << (r.bit_length() - 1)), r, W) for r in range(1, W)), 1))
+    raise ValueError(f"unknown allgatherv algorithm {name!r}")
 
 
 def crossing_slices(ranks: int, per_machine: int, bytes_per_rank: float) -> float:
@@ -112,7 +120,10 @@ def crossing_slices(ranks: int, per_machine: int, bytes_per_rank: float) -> floa
 
 @functools.lru_cache(maxsize=1024)
 def _crossing(name: str, ranks: int, per_machine: int) -> int:
-    return sum(n for s, r, n in messages(name, ranks) if s // per_machine != r // per_machine)
+    if name == DIRECT:   # every rank to each rank of the other machines
+        return ranks * (ranks - per_machine)
+    return sum(repeats * sum(n for s, r, n in pattern if s // per_machine != r // per_machine)
+               for pattern, repeats in _steps(name, ranks))
 
 
 def direct_slices(ranks: int, per_machine: int) -> float:
