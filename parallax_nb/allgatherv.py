@@ -105,17 +105,18 @@ def _steps(name: str, ranks: int) -> tuple[tuple[tuple[tuple[int, int, int], ...
     raise ValueError(f"unknown allgatherv algorithm {name!r}")
 
 
-def crossing_slices(ranks: int, per_machine: int, bytes_per_rank: float) -> float:
+def crossing_slices(ranks: int, per_machine: int, bytes_per_rank: float | None) -> float:
     """Slices (one rank's contribution each) that one machine's link carries **one way** in one
     allgatherv among ``ranks`` ranks placed ``per_machine`` to a machine, the mean over the
-    machines: the algorithm Open MPI runs at ``bytes_per_rank`` played message by message.
-    0 when all ranks share one machine."""
+    machines: the algorithm Open MPI runs at ``bytes_per_rank`` played message by message
+    (direct sends where the size is None). 0 when all ranks share one machine."""
     if per_machine < 1 or ranks % per_machine:
         raise ValueError(f"{ranks} ranks do not fill machines of {per_machine}")
     machines = ranks // per_machine
     if machines < 2:
         return 0.0
-    return _crossing(algorithm(ranks, bytes_per_rank), ranks, per_machine) / machines
+    name = DIRECT if bytes_per_rank is None else algorithm(ranks, bytes_per_rank)
+    return _crossing(name, ranks, per_machine) / machines
 
 
 @functools.lru_cache(maxsize=1024)

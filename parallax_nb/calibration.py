@@ -64,7 +64,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from .allgatherv import crossing_slices, direct_slices
+from .allgatherv import crossing_slices
 from .errors import ConfigError
 from .types import PLAIN_HOROVOD, SPARSE_AS_DENSE
 
@@ -171,9 +171,7 @@ def link_factor(op: str, scope: str, machines: int, workers_per_machine: int,
     if op == "allreduce":
         return 2.0 * (N - 1) / N * (G if scope == "cross" else 1)
     if op == "allgather":
-        if scope == "cross":
-            return G * (crossing_slices(N, 1, bytes_per_rank) if bytes_per_rank is not None else direct_slices(N, 1))
-        return crossing_slices(W, G, bytes_per_rank) if bytes_per_rank is not None else direct_slices(W, G)
+        return G * crossing_slices(N, 1, bytes_per_rank) if scope == "cross" else crossing_slices(W, G, bytes_per_rank)
     return G * (W - G) / W if scope == "all" else G * (N - 1) / N
 
 

@@ -34,7 +34,6 @@ from typing import Iterable
 from ..errors import ConfigError, PlanError
 from ..types import BASELINE_KEYS, PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, ClusterSpec, Estimate, Profile
 from .auto import choose_auto
-from .methods import step_allgathers, variable_cost
 from .pricing import Pricing, check_inputs as _check_inputs, pricing, variable_costs  # noqa: F401 (re-exported)
 
 WHOLE_MODEL = (Architecture.AR, Architecture.PS, Architecture.HYBRID, Architecture.AUTO)
@@ -102,8 +101,7 @@ def estimate_executed(profile: Profile, executed, cluster: ClusterSpec, calibrat
         raise PlanError(f"the executed plan has no entry for variable(s) {missing}",
                         hint="is the run from another model? Compare it with this model's profile")
     served = [v if r.kind is v.kind else replace(v, kind=r.kind) for v, r in zip(profile.variables, ran)]
-    step = step_allgathers(served)
-    priced = Pricing(profile, cluster, calibration, costs=[variable_cost(v, cluster, step) for v in served])
+    priced = Pricing(profile, cluster, calibration, costs=variable_costs(profile, cluster, served))
     own = priced.total(executed.architecture, [r.method for r in ran], partitions=[r.partitions for r in ran])
     return _with_speedups(own, priced.architecture(Architecture.AR), priced.architecture(Architecture.PS))
 

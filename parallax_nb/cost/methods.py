@@ -100,9 +100,8 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
                           _rounds("allgather", n, cluster), collectives)
     # flat: Open MPI's allgatherv of the values and of the indices among the n participants
     _, g = participants(cluster)
-    step = step or StepAllgathers(0.0, 0.0, values, ids)
-    index = allgatherv_link_bytes(ids, n, g, step.ar_index_bytes)
-    return MethodCost(allgatherv_link_bytes(values, n, g, step.ar_values_bytes) + index, index,
+    index = allgatherv_link_bytes(ids, n, g, step and step.ar_index_bytes)
+    return MethodCost(allgatherv_link_bytes(values, n, g, step and step.ar_values_bytes) + index, index,
                       _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),))
 
 
@@ -262,9 +261,8 @@ def horovod_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgath
     and as parallax_nb's own calls are counted (:mod:`.timing`)."""
     W, G = cluster.workers, cluster.workers_per_machine
     values, index = horovod_slices(var)
-    step = step or StepAllgathers(values, index, 0.0, 0.0)
-    index_link = allgatherv_link_bytes(index, W, G, step.horovod_index_bytes)
-    return MethodCost(allgatherv_link_bytes(values, W, G, step.horovod_values_bytes) + index_link, index_link,
+    index_link = allgatherv_link_bytes(index, W, G, step and step.horovod_index_bytes)
+    return MethodCost(allgatherv_link_bytes(values, W, G, step and step.horovod_values_bytes) + index_link, index_link,
                       0 if cluster.machines == 1 else rounds("allgather", W),
                       (_calls("allgather", "all", values, index),))
 

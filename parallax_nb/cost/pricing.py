@@ -47,16 +47,17 @@ def check_inputs(profile, cluster, who: str = "the cost model", **profile_hint) 
                           hint='build one with ClusterSpec.create(machines=8, bandwidth="10Gbit/s")')
 
 
-def variable_costs(profile: Profile, cluster: ClusterSpec) -> list[VariableCost]:
-    """:func:`variable_cost` of every variable of ``profile``, in profile order, the sparse
-    variables' allgathers priced at the size of the step's fused calls
-    (:func:`.methods.step_allgathers`). A dense
+def variable_costs(profile: Profile, cluster: ClusterSpec, variables=None) -> list[VariableCost]:
+    """:func:`variable_cost` of every variable of ``profile`` (or of ``variables``, the same
+    model's as a run served them), in order, the sparse variables' allgathers priced at the
+    size of the step's fused calls (:func:`.methods.step_allgathers`). A dense
     variable's costs depend on its bytes alone, so dense variables of one size share one
     table of entries (a model repeats its layers' shapes)."""
+    variables = profile.variables if variables is None else variables
     by_size: dict[int, VariableCost] = {}
-    fused = step_allgathers(profile.variables)
+    fused = step_allgathers(variables)
     out = []
-    for v in profile.variables:
+    for v in variables:
         if v.kind is not Kind.DENSE:
             out.append(variable_cost(v, cluster, fused))
             continue
