@@ -197,7 +197,9 @@ def launch(spec: dict, configs: list[dict], machines: int, workers: int, bandwid
         with open(spec_path, "w") as f:
             json.dump({**spec, "configs": remaining}, f)
         with EmulatedCluster(machines=machines, workers_per_machine=workers, bandwidth=bandwidth) as cluster:
-            cmd = ["mpirun", "-np", str(cluster.ranks), *cluster.mpirun_args(), "-x", "HOROVOD_CYCLE_TIME",
+            # HOROVOD_TIMELINE, when set, reaches the ranks too (rank 0 writes it; step_anatomy.py)
+            timeline = ["-x", "HOROVOD_TIMELINE"] if os.environ.get("HOROVOD_TIMELINE") else []
+            cmd = ["mpirun", "-np", str(cluster.ranks), *cluster.mpirun_args(), "-x", "HOROVOD_CYCLE_TIME", *timeline,
                    sys.executable, os.path.join(HERE, "worker.py"), spec_path, results_path]
             with open(log_path, "a") as log:
                 log.write(f"\n$ {' '.join(cmd)}\n")

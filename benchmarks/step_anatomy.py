@@ -180,7 +180,7 @@ def host_profile(logdir: str, steps: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="lm_tiny")
+    parser.add_argument("--workload", default="lm_tiny", help="lm, lm_tiny, cnn or recommender (bench_comm.py and bench_predict.py sizes)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--configs", nargs="+", default=["horovod", "ar", "ps", "hybrid"])
@@ -192,6 +192,7 @@ def main() -> int:
     if args.tf_profile and args.profile_steps > args.steps:
         parser.error(f"--profile-steps {args.profile_steps} is more than --steps {args.steps}")
     from bench_comm import WORKLOADS
+    from bench_predict import WORKLOADS as PREDICTED
     from baselines import horovod_train
     from worker import make_job
     from parallax_nb.plan import plan_for_kinds
@@ -202,7 +203,7 @@ def main() -> int:
     before = set(thread_cpu())
     hvd = horovod()
     started_by_horovod = set(thread_cpu()) - before
-    job = make_job(WORKLOADS[args.workload])
+    job = make_job({**PREDICTED, **WORKLOADS}[args.workload])
     total = args.warmup + args.steps
     rows, profiles, cpu = [], {}, []
     for config in args.configs:
