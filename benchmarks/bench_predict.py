@@ -17,7 +17,9 @@ For each setting (workload x network), in one invocation:
    against measured link bytes per machine (on loopback, where there is no link: bytes per
    rank through ``lo``, against the payload framed and each call's bytes priced as a
    calibration read them on that ``lo``, or the payload alone without one), and whether AUTO's
-   plan was the measured fastest configuration or within 5 % of it;
+   plan was the measured fastest configuration or within 5 % of it (and where a Horovod
+   baseline was fastest, the same against parallax_nb's plans alone:
+   :func:`predict_repeats.auto_verdict`);
 4. with a calibration, tell the model from the machine: each configuration's compute is timed
    again in its own launch right before it runs (the calibration's compute figure, no
    communication: :func:`worker.launch_compute`), and each row also shows the step time the
@@ -53,6 +55,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import bench_comm  # noqa: E402
+from predict_repeats import auto_verdict  # noqa: E402
 import report  # noqa: E402
 from parallax_nb.errors import ConfigError  # noqa: E402
 from parallax_nb.types import PLAIN_HOROVOD, SPARSE_AS_DENSE, ClusterSpec  # noqa: E402
@@ -71,7 +74,6 @@ DEFAULT_CONFIGS = ("ar", "ps", "hybrid", "auto", "horovod")
 QUICK_CONFIGS = ("ar", "hybrid", "auto", "horovod")
 ESTIMATE_KEY = {"ar": "ar", "ps": "ps", "hybrid": "hybrid", "auto": "auto", "horovod": PLAIN_HOROVOD,
                 "sparse_as_dense": SPARSE_AS_DENSE}
-AUTO_WITHIN = 0.05
 LOOPBACK_BANDWIDTH = "100Gbit/s"   # what the model assumes between ranks of one machine, uncalibrated
 
 
@@ -233,14 +235,7 @@ def compare_setting(prediction: dict, run: dict, on_network: bool, launch_comput
         if control:
             rows[c].update(control, step_time_error_with_launch_compute_pct=error_pct(
                 control["predicted_with_launch_compute_s"], m["step_time_s"]))
-    times = {c: r["measured_step_time_s"] for c, r in rows.items() if r["measured_step_time_s"] is not None}
-    verdict = None
-    if "auto" in times and len(times) > 1:
-        fastest = min(times, key=times.get)
-        behind = times["auto"] / times[fastest] - 1.0
-        verdict = {"fastest": fastest, "auto_behind_pct": 100.0 * behind,
-                   "ok": fastest == "auto" or behind <= AUTO_WITHIN}
-    return {"rows": rows, "auto": verdict}
+    return {"rows": rows, "auto": auto_verdict(rows)}
 
 
 def _ms(x):
@@ -270,7 +265,10 @@ def markdown(doc: dict) -> str:
     for s in doc["settings"]:
         verdict = s["comparison"]["auto"]
         auto_text = "-" if verdict is None else (
-            f"{'yes' if verdict['ok'] else 'NO'} (fastest {verdict['fastest']}, AUTO {verdict['auto_behind_pct']:+.1f} %)")
+            f"{'yes' if verdict['ok'] else 'NO'} (fastest {verdict['fastest']}, AUTO {verdict['auto_behind_pct']:+.1f} %)"
+            + ("" if verdict["fastest"] == verdict.get("plan_fastest", verdict["fastest"]) else
+               f"; of the plans {'yes' if verdict['plan_ok'] else 'NO'} (fastest {verdict['plan_fastest']}, "
+               f"AUTO {verdict['plan_auto_behind_pct']:+.1f} %)"))
         for c, r in s["comparison"]["rows"].items():
             name = c + (f" (= {r['same_as']})" if r["same_as"] else "") + (" FAILED" if r["error"] else "")
             lines.append(f"| {s['workload']} | {s['network']} | {name} | {_ms(r['predicted_step_time_s'])} | "

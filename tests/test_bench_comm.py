@@ -146,6 +146,38 @@ def test_predict_repeats_judges_issue_14s_targets_over_every_reading_of_every_in
     assert "| lm | loop2 | ps | -10.0 % (-40.0 to +20.0) | -1.5 % (-4.0 to +1.0) | +5.0 % (+4.0 to +6.0) |" in table
 
 
+def test_auto_is_judged_against_every_configuration_and_beside_that_against_parallax_plans():
+    """Plain Horovod ran fastest: AUTO 10 % behind it misses issue 14's target, but AUTO ran the
+    fastest of parallax_nb's plans, which the verdict and predict_repeats say beside it; a row
+    that failed or ran no window is not a candidate."""
+    import predict_repeats
+
+    def rows(**ms):
+        out = {c: {"measured_step_time_s": t / 1e3} for c, t in ms.items()}
+        out["sparse_as_dense"] = {"measured_step_time_s": None, "error": "hung"}
+        return out
+
+    behind = predict_repeats.auto_verdict(rows(ar=12.0, ps=20.0, auto=11.0, horovod=10.0))
+    assert behind["fastest"] == "horovod" and behind["auto_behind_pct"] == pytest.approx(10.0) and not behind["ok"]
+    assert behind["plan_fastest"] == "auto" and behind["plan_auto_behind_pct"] == 0.0 and behind["plan_ok"]
+    slow_plan = predict_repeats.auto_verdict(rows(ar=10.0, auto=11.0, horovod=12.0))
+    assert slow_plan["fastest"] == slow_plan["plan_fastest"] == "ar" and not slow_plan["plan_ok"]
+    assert predict_repeats.auto_verdict(rows(auto=11.0)) is None
+
+    def doc(workload, r):
+        return {"schema": "parallax_nb.bench_predict", "machine": "m", "finished_utc": "t", "command": "c",
+                "wall_s": 1.0, "settings": [{"workload": workload, "network": "2x2@1Gbit/s", "comparison": {
+                    "rows": r, "auto": predict_repeats.auto_verdict(r)}}]}
+
+    docs = [doc("recommender", rows(ar=12.0, auto=11.0, horovod=10.0)), doc("lm", rows(ar=10.0, auto=11.0))]
+    summary = predict_repeats.summarise(docs)
+    auto = next(t for t in summary["targets"] if t["target"].startswith("AUTO"))
+    assert auto["status"] == "MISSED" and auto["text"] == "0 of 2"
+    assert summary["beside"] == [{"reading": "AUTO within 5 % of the fastest of parallax_nb's plans (AR, PS, HYBRID)",
+                                  "text": "1 of 2; plain Horovod's program ran faster in recommender 2x2@1Gbit/s"}]
+    assert "beside them: AUTO within 5 % of the fastest of parallax_nb's plans" in predict_repeats.render(summary, docs)
+
+
 def test_interleaved_rounds_alternate_the_order_and_merge_into_one_summary():
     """``--interleave``: every round runs one window of each configuration, the order reversed
     every other round; a configuration's rounds become one summary whose windows are the
