@@ -429,6 +429,10 @@ class MethodCost:
     the variable's own collective(s) (:mod:`parallax_nb.cost.model`); ``collectives`` the calls
     the runtime issues; ``fused_allreduce`` marks a dense allreduce that Horovod fuses with the
     step's other dense allreduces into one call (its rounds are then counted once per step).
+    ``grouped`` names the calls of a grouped exchange that carries this variable's bytes with
+    those of every variable of the step whose cost names the same ``group`` (the runtime packs
+    them into one buffer per call): those calls and their rounds are counted once per step,
+    and this cost's own ``collectives`` list them with count 0 and its handed bytes.
     """
 
     bytes_per_step: float
@@ -436,6 +440,8 @@ class MethodCost:
     messages_per_step: int
     collectives: tuple[Collective, ...] = ()
     fused_allreduce: bool = False
+    group: str = ""
+    grouped: tuple[Collective, ...] = ()
 
 
 def method_key(method: Any) -> str:

@@ -45,7 +45,8 @@ def _runtime_collectives(key, machines: int, workers_per_machine: int, local_agg
 def test_both_tables_describe_the_same_collectives_per_step():
     """The cost side prices the collectives the runtime issues: for one variable of each key,
     flat (4 machines x 1) and with local aggregation (2 machines x 2), both sides name the
-    same calls, counts and participants ("all" and "cross" coincide for one rank per machine)."""
+    same calls, counts and participants ("all" and "cross" coincide for one rank per machine);
+    a variable alone in a grouped exchange issues the group's calls."""
     from parallax_nb.types import ClusterSpec
     from test_cost import dense_var, sparse_var
 
@@ -53,7 +54,8 @@ def test_both_tables_describe_the_same_collectives_per_step():
     for machines, g, aggregated in ((4, 1, False), (2, 2, True)):
         cluster = ClusterSpec(machines=machines, workers_per_machine=g, local_aggregation=aggregated)
         for key, cost in METHOD_COSTS.items():
-            priced = sorted((c.op, c.count, c.participants) for c in cost(variables[key[1]], cluster).collectives)
+            entry = cost(variables[key[1]], cluster)
+            priced = sorted((c.op, c.count, c.participants) for c in entry.collectives + entry.grouped if c.count)
             issued = sorted((c.op, c.count, c.participants)
                             for c in _runtime_collectives(key, machines, g, aggregated))
             assert priced == issued, f"{key} on {machines} x {g}: cost side {priced}, runtime {issued}"

@@ -3,10 +3,12 @@
 For each setting of local aggregation it may use (both, unless the caller pins one) AUTO
 prices every variable under AR and under PS with the calls the runtime issues
 (:mod:`.timing`) and picks per variable. The step time is a sum over variables except for the
-one fused allreduce that every dense AR variable rides: its latency is paid once when any
-variable rides it. So the exact minimum is the better of two per-variable choices: each
-variable its faster method, paying the fused call's latency if any dense variable took AR;
-or dense variables kept off the fused call (PS), paying none. Then:
+calls that several variables ride: the one fused allreduce of every dense AR variable, and
+with local aggregation the grouped exchange of every sparse AR variable
+(:func:`.methods.ar_sparse`). Their latency is paid once when any variable rides them. So the
+exact minimum is the best of up to four per-variable choices: each variable its faster
+method, paying the shared calls' latency where any variable took AR; or the dense variables,
+the sparse ones, or both kept off their shared calls (PS), paying none. Then:
 
 * variables looked up together (the sampled softmax's weights and biases: one exchange under
   PS, :func:`.methods.ps_sparse`) take one method, the one faster for them together;
@@ -65,10 +67,14 @@ def _best_methods(priced) -> list[Method]:
         together = Method.PS if sum(ps[i] for i in group) < sum(ar[i] for i in group) else Method.AR
         for i in group:
             free[i] = together
+    grouped = [t.group is not None for t in priced.times(Method.AR.value)]
     off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
-    if off_fused == free:
+    off_grouped = [Method.PS if g else m for g, m in zip(grouped, free)]
+    off_both = [Method.PS if g else m for g, m in zip(grouped, off_fused)]
+    candidates = [free] + [m for m in (off_fused, off_grouped, off_both) if m != free]
+    if len(candidates) == 1:
         return free
-    return min((free, off_fused), key=lambda methods: _comm(priced, methods))
+    return min(candidates, key=lambda methods: _comm(priced, methods))
 
 
 def _comm(priced, methods) -> float:
@@ -99,9 +105,10 @@ def _explain_variables(priced, methods) -> list[str]:
                          f"{other.value.upper()}")
         elif gain == 0:
             lines.append(f"{cost.name}: {method.value.upper()}, {together}same time as {other.value.upper()}")
-        else:   # only a dense variable kept off the fused allreduce, whose latency it saves
+        else:   # only a variable kept off the calls it would share, whose latency it saves
+            shared = "fused allreduce" if cost.kind is Kind.DENSE else "grouped exchange of the sparse AR variables"
             lines.append(f"{cost.name}: {method.value.upper()}, {together}{duration(-gain)}/step more than "
-                         f"{other.value.upper()} alone, but the step then needs no fused allreduce")
+                         f"{other.value.upper()} alone, but the step then needs no {shared}")
     return lines
 
 

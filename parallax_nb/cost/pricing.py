@@ -199,8 +199,10 @@ class Pricing:
         messages = sum(picked.values("messages"))
         if fused_allreduce and cluster.machines > 1:
             messages += rounds("allreduce", participants(cluster)[0])
+        groups = picked.step_groups()
+        messages += sum(g.rounds for g in groups)
         comm = with_fused_call(sum(picked.values("time")), sum(picked.values("latency")), sum(picked.values("calls")),
-                               sum(picked.values("fused_bytes")), self.calibration)
+                               sum(picked.values("fused_bytes")), self.calibration, groups)
         compute = compute_time_s(profile, self.calibration, label)
         step = compute + comm.comm_time_s
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
@@ -237,8 +239,8 @@ class Pricing:
 
 class _Column:
     """Per variable (lists in profile order), what charging it one key's cost adds to a step:
-    bytes, index bytes, message rounds (0 when it rides the fused allreduce), whether it rides
-    it, its :class:`CallTime` fields, its calls by ``"op/scope"`` (and whether it lists that
+    bytes, index bytes, message rounds (0 when it rides the fused allreduce or a grouped
+    exchange), whether it rides the fused allreduce, its :class:`CallTime` fields, its calls by ``"op/scope"`` (and whether it lists that
     scope at all) and its payload share by the ``"op/scope"`` that carries it across machines
     (0.0 where none: shares of 0 bytes frame nothing and the link prediction drops them)."""
 
@@ -247,8 +249,9 @@ class _Column:
         self.bytes = [c.bytes_per_step for c in charged]
         self.index = [c.index_bytes_per_step for c in charged]
         self.fused = [c.fused_allreduce for c in charged]
-        self.messages = [0 if c.fused_allreduce else c.messages_per_step for c in charged]
-        self.time, self.latency, self.calls, self.fused_bytes = ([t[i] for t in times] for i in range(4))
+        # a rider's rounds are its fused call's or its group's, counted once per step
+        self.messages = [0 if c.fused_allreduce or c.group else c.messages_per_step for c in charged]
+        self.time, self.latency, self.calls, self.fused_bytes, self.group = ([t[i] for t in times] for i in range(5))
         self.rides = [False] * n
         self.scope_calls: dict[str, list] = {}
         self.scope_listed: dict[str, list] = {}
@@ -304,7 +307,14 @@ class _Picked:
                 out[scope] = sum(self._scoped("scope_calls", scope, 0))
         if any(self.values("rides")):
             out["allreduce/all"] = out.get("allreduce/all", 0) + 1
+        for group in self.step_groups():
+            for key, count in group.scoped:
+                out[key] = out.get(key, 0) + count
         return out
+
+    def step_groups(self) -> list:
+        """The grouped exchanges the picked costs ride, each once (:class:`.timing.Group`)."""
+        return list({g.key: g for g in self.values("group") if g}.values())
 
     def payload(self) -> dict:
         """``{"op/scope": payload bytes}`` (as :func:`.timing.payload_by_call`; a scope no charged

@@ -24,6 +24,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
 * The dense AR gradients of a step are allreduced one by one and fused by Horovod's
   background thread (tensor fusion): charged as one call, its latency paid once per step,
   its bytes the sum of theirs.
+* The two-level AR sparse variables of a step travel packed in one grouped exchange (three
+  calls, :func:`.methods.ar_sparse`): its calls' latency is paid once per step when any
+  variable rides it, each variable's bytes at the calls' bandwidth.
 * Every other call is charged as the program issues it, parallax_nb's and the baselines'
   alike, though Horovod fuses some of them into one MPI call (plain Horovod's allgathers of
   a step's sparse gradients: two ``MPI_Allgatherv`` for the recommender's eight calls). The
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 from ..calibration import Calibration
 from ..errors import ConfigError
@@ -95,16 +98,30 @@ def time_basis_notes(profile: Profile, calibration: Calibration, label: str | No
     return (*notes, drift) if drift else tuple(notes)
 
 
+class Group(NamedTuple):
+    """The calls of a grouped exchange (:attr:`~parallax_nb.types.MethodCost.group`), charged
+    once per step: their latency, their number, ``(("op/scope", count), ...)`` and their
+    message rounds."""
+
+    key: str
+    latency_s: float
+    calls: int
+    scoped: tuple
+    rounds: int
+
+
 class CallTime(NamedTuple):
     """One variable's calls under one charged cost: ``time_s`` of its own calls (``latency_s``
-    of it per-call latency), ``calls`` of them, and ``fused_bytes`` it adds to the step's one
-    fused allreduce (whose latency is charged once per step, not here). A tuple: a planner
-    makes thousands per change."""
+    of it per-call latency), ``calls`` of them, ``fused_bytes`` it adds to the step's one
+    fused allreduce (whose latency is charged once per step, not here), and the grouped
+    exchange it rides (``group``, None when none; charged once per step too). A tuple: a
+    planner makes thousands per change."""
 
     time_s: float
     latency_s: float
     calls: int
     fused_bytes: float
+    group: Group | None = None
 
 
 NO_CALLS = CallTime(0.0, 0.0, 0, 0.0)
@@ -124,7 +141,12 @@ def call_time(cost: MethodCost, calibration: Calibration, ranks: int) -> CallTim
         time += c.time_s(fit)
         latency += c.count * fit.latency_s
         calls += c.count
-    return CallTime(time, latency, calls, fused)
+    group = None
+    if cost.group:
+        group = Group(cost.group, sum(c.count * calibration.fit(c.op, c.participants).latency_s for c in cost.grouped),
+                      sum(c.count for c in cost.grouped),
+                      tuple((f"{c.op}/{c.participants}", c.count) for c in cost.grouped), cost.messages_per_step)
+    return CallTime(time, latency, calls, fused, group)
 
 
 @dataclass(frozen=True)
@@ -141,26 +163,35 @@ class StepTime:
 
 
 def step_communication(times: Sequence[CallTime], calibration: Calibration) -> StepTime:
-    """Sum the variables' calls and add the one fused allreduce when any variable rides it."""
+    """Sum the variables' calls and add the one fused allreduce when any variable rides it,
+    and each grouped exchange once."""
     time = latency = fused = 0.0
     calls = 0
+    groups = {}
     for t in times:
         time += t[0]
         latency += t[1]
         calls += t[2]
         fused += t[3]
-    return with_fused_call(time, latency, calls, fused, calibration)
+        if t[4] is not None:
+            groups[t[4].key] = t[4]
+    return with_fused_call(time, latency, calls, fused, calibration, groups.values())
 
 
 def with_fused_call(time_s: float, latency_s: float, calls: int, fused_bytes: float,
-                    calibration: Calibration) -> StepTime:
+                    calibration: Calibration, groups: Iterable[Group] = ()) -> StepTime:
     """The step's communication from the sums of its variables' :class:`CallTime` fields: the
-    one fused allreduce is added when any variable rides it (``fused_bytes`` > 0)."""
+    one fused allreduce is added when any variable rides it (``fused_bytes`` > 0), and the
+    calls of each grouped exchange some variable rides (``groups``, one each)."""
     if fused_bytes > 0:
         fit = calibration.fit("allreduce", "all")
         time_s += fit.latency_s + fused_bytes * 8.0 / fit.bandwidth_bps
         latency_s += fit.latency_s
         calls += 1
+    for group in groups:
+        time_s += group.latency_s
+        latency_s += group.latency_s
+        calls += group.calls
     return StepTime(time_s, latency_s, calls)
 
 
@@ -203,18 +234,25 @@ def payload_shares(cost: MethodCost, cluster: ClusterSpec) -> list[tuple[str, fl
 
 def calls_by_scope(costs: Sequence[MethodCost], ranks: int) -> dict:
     """``{"op/scope": calls per step}`` of the charged costs, as :func:`step_communication`
-    counts them: the dense AR gradients' allreduces as one fused "allreduce/all" call; {} on
-    one rank (no collective)."""
+    counts them: the dense AR gradients' allreduces as one fused "allreduce/all" call, each
+    grouped exchange's calls once; {} on one rank (no collective)."""
     out: dict = {}
     fused = False
+    groups = {}
     if ranks == 1:
         return out
     for cost in costs:
         fused = fused or rides_fused_allreduce(cost)
         for key, count in own_calls(cost):
             out[key] = out.get(key, 0) + count
+        if cost.group:
+            groups[cost.group] = cost.grouped
     if fused:
         out["allreduce/all"] = out.get("allreduce/all", 0) + 1
+    for grouped in groups.values():
+        for c in grouped:
+            key = f"{c.op}/{c.participants}"
+            out[key] = out.get(key, 0) + c.count
     return out
 
 
