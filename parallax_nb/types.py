@@ -430,9 +430,9 @@ class MethodCost:
     the runtime issues; ``fused_allreduce`` marks a dense allreduce that Horovod fuses with the
     step's other dense allreduces into one call (its rounds are then counted once per step).
     ``grouped`` names the calls of a grouped exchange that carries this variable's bytes with
-    those of every variable of the step whose cost names the same ``group`` (the runtime packs
-    them into one buffer per call): those calls and their rounds are counted once per step,
-    and this cost's own ``collectives`` list them with count 0 and its handed bytes.
+    those of every variable of the step whose cost names the same ``group`` (the runtime sends
+    them as rows of one table): those calls and their rounds are counted once per step, and
+    this cost's own ``collectives`` list them with count 0 and its handed bytes.
     """
 
     bytes_per_step: float

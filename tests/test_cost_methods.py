@@ -47,13 +47,15 @@ def test_each_entry_names_the_collectives_a_step_issues():
     assert METHOD_COSTS[(Method.PS, Kind.DENSE)](dense, flat).collectives == (Collective("alltoall", 2),)
     assert METHOD_COSTS[(Method.PS, Kind.SPARSE)](sparse, two_level).collectives == (
         Collective("alltoall", 3, "machine"), Collective("alltoall", 3, "cross"))
-    # two-level AR sparse variables share one grouped exchange: the cost hands its bytes to calls
-    # it counts 0 times, and names the group's calls (counted once per step)
-    grouped = METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, two_level)
-    assert grouped.collectives == (Collective("alltoall", 0, "machine"), Collective("alltoall", 0, "cross"))
-    assert all(c.handed_bytes > 0 for c in grouped.collectives)
-    assert grouped.grouped == (Collective("alltoall", 2, "machine"), Collective("alltoall", 1, "cross"))
-    assert grouped.group == f"{AR_SPARSE_GROUP} {sparse.dtype}"
+    assert METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, two_level).collectives == (
+        Collective("alltoall", 4, "machine"), Collective("alltoall", 2, "cross"))
+    # on one machine the AR sparse variables share one gather: the cost hands its bytes to a call
+    # it counts 0 times, and names the group's call (counted once per step)
+    grouped = METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, ClusterSpec(machines=1, workers_per_machine=4))
+    assert grouped.collectives == (Collective("alltoall", 0, "machine"),)
+    assert grouped.collectives[0].handed_bytes > 0 and grouped.bytes_per_step == 0
+    assert grouped.grouped == (Collective("alltoall", 1, "machine"),)
+    assert grouped.group == f"{AR_SPARSE_GROUP} float32 (64,)"
     assert isinstance(METHOD_COSTS[(Method.PS, Kind.DENSE)](dense, flat), MethodCost)
 
 
@@ -170,31 +172,32 @@ def test_partition_counts_that_give_a_row_other_owners_price_a_lookup_apart():
         assert priced.step_time_s == pytest.approx(alone.step_time_s)
 
 
-def test_two_level_ar_sparse_variables_share_one_grouped_exchange():
-    """With local aggregation the runtime packs every sparse AR variable into three calls a step
-    (a gather and a share in the machine, an exchange across machines), however many there are:
-    the estimate counts those calls and their latency once, and each further variable adds its
-    bytes only."""
+def test_ar_sparse_variables_on_one_machine_share_one_gather():
+    """With local aggregation on one machine the runtime sends every sparse AR variable of one
+    row shape in one gather a step, however many there are: the estimate counts that call and
+    its latency once, and each further variable adds its bytes only; a table of another row
+    shape has a gather of its own. Across machines each variable keeps its own calls."""
     from parallax_nb.cost.timing import calls_by_scope
     from parallax_nb.types import Profile
 
-    def profile(tables: int) -> Profile:
+    def profile(tables: int, extra=()) -> Profile:
         variables = tuple(sparse_var(f"table_{i}/embeddings", rows=10_000, width=16, alpha=0.01,
-                                     unions=[100, 180]) for i in range(tables)) + (dense_var(),)
+                                     unions=[100, 180, 250, 310]) for i in range(tables)) + (dense_var(),) + extra
         return Profile(model_name=f"tables_{tables}", batch_size=64, steps=20, step_time_s=0.001,
                        peak_memory_bytes=0, variables=variables)
 
-    cluster = ClusterSpec(machines=2, workers_per_machine=2, local_aggregation=True)
+    cluster = ClusterSpec(machines=1, workers_per_machine=4, local_aggregation=True)
     one, four = (estimate(profile(n), make_plan(profile(n), cluster, "ar")) for n in (1, 4))
-    assert one.collective_calls_per_step == four.collective_calls_per_step == 4   # 3 grouped + the fused allreduce
+    assert one.collective_calls_per_step == four.collective_calls_per_step == 2   # the gather, the fused allreduce
     assert one.latency_time_s == pytest.approx(four.latency_time_s)
     assert four.transfer_time_s > one.transfer_time_s
     charged = [c.cost_of(Method.AR) for c in variable_cost_list(profile(4), cluster)]
-    assert calls_by_scope(charged, cluster.workers) == {"alltoall/machine": 2, "alltoall/cross": 1, "allreduce/all": 1}
-    assert dict(four.link.calls) == {"allreduce/all": 1, "alltoall/cross": 1, "alltoall/machine": 2}
-    # flat (local aggregation off) each variable's two allgathers stand alone, as Horovod fuses them
-    flat = estimate(profile(4), make_plan(profile(4), cluster.replace(local_aggregation=False), "ar"))
-    assert flat.collective_calls_per_step == 4 * 2 + 1
+    assert calls_by_scope(charged, cluster.workers) == {"alltoall/machine": 1, "allreduce/all": 1}
+    wide = profile(4, (sparse_var("wide/embeddings", rows=10_000, width=32, alpha=0.01, unions=[100, 180, 250, 310]),))
+    assert estimate(wide, make_plan(wide, cluster, "ar")).collective_calls_per_step == 1 + 1 + 1
+    # across machines (2 x 2) each variable issues its own two-level calls: 6 a variable
+    two = ClusterSpec(machines=2, workers_per_machine=2, local_aggregation=True)
+    assert estimate(profile(4), make_plan(profile(4), two, "ar")).collective_calls_per_step == 4 * 6 + 1
 
 
 def variable_cost_list(profile, cluster):

@@ -44,14 +44,14 @@ def _runtime_collectives(key, machines: int, workers_per_machine: int, local_agg
 
 def test_both_tables_describe_the_same_collectives_per_step():
     """The cost side prices the collectives the runtime issues: for one variable of each key,
-    flat (4 machines x 1) and with local aggregation (2 machines x 2), both sides name the
-    same calls, counts and participants ("all" and "cross" coincide for one rank per machine);
-    a variable alone in a grouped exchange issues the group's calls."""
+    flat (4 machines x 1) and with local aggregation (2 machines x 2, and one machine of 4), both
+    sides name the same calls, counts and participants ("all" and "cross" coincide for one rank
+    per machine); a variable alone in a grouped call issues the group's call."""
     from parallax_nb.types import ClusterSpec
     from test_cost import dense_var, sparse_var
 
     variables = {Kind.DENSE: dense_var(), Kind.SPARSE: sparse_var(unions=[1000, 1900])}
-    for machines, g, aggregated in ((4, 1, False), (2, 2, True)):
+    for machines, g, aggregated in ((4, 1, False), (2, 2, True), (1, 4, True)):
         cluster = ClusterSpec(machines=machines, workers_per_machine=g, local_aggregation=aggregated)
         for key, cost in METHOD_COSTS.items():
             entry = cost(variables[key[1]], cluster)

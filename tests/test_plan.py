@@ -250,9 +250,7 @@ def test_dataframe_and_summary(plan):
     assert df.loc["embedding", "method"] == "ps" and df.loc["lstm/kernel", "method"] == "ar"
     text = repr(plan)
     assert text.startswith("Plan for lm_like (auto) on 4 machine(s) x 2 worker(s)")
-    # softmax_b (small) on AR: its rows ride the grouped exchange of local aggregation, 3 calls
-    # a step, where PS would add 6 of its own
-    assert "2 PS / 4 AR" in text and "softmax_w" in text and "<table" in plan._repr_html_()
+    assert "3 PS / 3 AR" in text and "softmax_w" in text and "<table" in plan._repr_html_()
 
 
 def test_plan_pickles_for_the_engines(plan):

@@ -50,14 +50,15 @@ def test_on_a_slow_network_the_bytes_decide(lm_profile):
 
 def test_one_machine_moves_nothing_and_auto_goes_by_calls(lm_profile):
     """On one machine nothing crosses a link, so AUTO decides by the calls a step issues. With
-    local aggregation every sparse AR variable rides one grouped gather inside the machine (1
-    call for the three tables), against 3 alltoalls for the embedding's PS and 3 for the
-    softmax's weights and biases looked up together: every variable on AR, aggregation on.
+    local aggregation the sparse AR variables ride grouped gathers inside the machine, one per
+    row shape (the embedding's and the softmax weights' rows of 16 in one, the biases in
+    another), against 3 alltoalls for the embedding's PS and 3 for the softmax's weights and
+    biases looked up together: every variable on AR, aggregation on.
     Without it, the embedding stays on AR (2 allgathers against 3 alltoalls) and the softmax's
     pair takes PS together (one exchange of 3 alltoalls against 4 allgathers)."""
     plan = make_plan(lm_profile, ClusterSpec(machines=1, workers_per_machine=2), "auto")
     assert plan.bytes_per_machine_per_step == 0
     assert plan.ps_variables == () and plan.local_aggregation
-    assert estimate(lm_profile, plan).collective_calls_per_step == 2   # the grouped gather, the fused allreduce
+    assert estimate(lm_profile, plan).collective_calls_per_step == 3   # two grouped gathers, the fused allreduce
     flat = make_plan(lm_profile, ClusterSpec(machines=1, workers_per_machine=2), "auto", local_aggregation=False)
     assert flat.ps_variables == ("softmax/softmax_w", "softmax/softmax_b")

@@ -4,7 +4,7 @@ For each setting of local aggregation it may use (both, unless the caller pins o
 prices every variable under AR and under PS with the calls the runtime issues
 (:mod:`.timing`) and picks per variable. The step time is a sum over variables except for the
 calls that several variables ride: the one fused allreduce of every dense AR variable, and
-with local aggregation the grouped exchange of every sparse AR variable
+with local aggregation on one machine the gather of the sparse AR variables
 (:func:`.methods.ar_sparse`). Their latency is paid once when any variable rides them. So the
 exact minimum is the best of up to four per-variable choices: each variable its faster
 method, paying the shared calls' latency where any variable took AR; or the dense variables,
@@ -106,7 +106,7 @@ def _explain_variables(priced, methods) -> list[str]:
         elif gain == 0:
             lines.append(f"{cost.name}: {method.value.upper()}, {together}same time as {other.value.upper()}")
         else:   # only a variable kept off the calls it would share, whose latency it saves
-            shared = "fused allreduce" if cost.kind is Kind.DENSE else "grouped exchange of the sparse AR variables"
+            shared = "fused allreduce" if cost.kind is Kind.DENSE else "gather of the sparse AR variables"
             lines.append(f"{cost.name}: {method.value.upper()}, {together}{duration(-gain)}/step more than "
                          f"{other.value.upper()} alone, but the step then needs no {shared}")
     return lines

@@ -33,9 +33,10 @@ from .model import (INDEX_BYTES, allgather_index_bytes, allgather_value_bytes, a
                     allreduce_bytes, participants, ps_index_bytes, ps_value_bytes, remote_share, rounds)
 
 CostFunction = Callable[[VariableProfile, ClusterSpec], MethodCost]
-#: the group of calls that carries every two-level AR sparse variable of one values dtype
-#: (:func:`ar_sparse`); a cost's ``group`` is this followed by the dtype
-AR_SPARSE_GROUP = "AR sparse, local aggregation"
+#: the one gather that carries every AR sparse variable of one values dtype and row shape with
+#: local aggregation on one machine (:func:`ar_sparse`); a cost's ``group`` is this followed by
+#: the dtype and the shape
+AR_SPARSE_GROUP = "AR sparse, local aggregation on one machine"
 
 
 def _shape(var: VariableProfile, cluster: ClusterSpec) -> tuple[int, float, float]:
@@ -80,14 +81,15 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
     """Allgatherv of the deduplicated rows: ``2 a m (n-1)`` + indices ``2 * 8 a R (n-1)``.
 
     Calls (one rank's handed bytes): flat, an allgather of its ``a1 m`` value bytes and one of
-    its ``8 a1 R`` index bytes. Two-level (G > 1): a gather of its values and indices inside the
-    machine (tiled to the G ranks: ``G a1 (m + 8 R)``), across machines its 1/G of the
-    machine's union tiled to N peers (``N aG (m + 8 R) / G``), and a share of the N machines'
-    unions inside the machine (``N aG (m + 8 R)``). The runtime packs every two-level AR
-    sparse variable of one values dtype into the same three calls
-    (:meth:`~parallax_nb.runtime.hierarchical.Hierarchy.allgather_sparse_group`): the calls
-    are the step's group (:data:`AR_SPARSE_GROUP`), counted once per step, and this variable
-    hands them its bytes.
+    its ``8 a1 R`` index bytes. Two-level (G > 1): gathers of its values and indices inside the
+    machine (each tiled to the G ranks: ``G a1 m``, ``G 8 a1 R``), across machines its 1/G of
+    the machine's union tiled to N peers (``N aG m / G``, ``N 8 aG R / G``), and shares of the
+    N machines' unions inside the machine (``N aG m``, ``N 8 aG R``). On one machine (N = 1) the
+    first gather is the whole exchange, and the runtime sends every variable of one values
+    dtype and row shape as rows of one table in that one call
+    (:meth:`~parallax_nb.runtime.hierarchical.Hierarchy.gather_sparse_group`): the call is the
+    step's group (:data:`AR_SPARSE_GROUP`), counted once per step, and this variable hands it
+    its ``G a1 (m + 8 R)`` bytes.
 
     Flat, a machine's link carries what Open MPI's allgatherv algorithm moves across
     (:func:`.model.allgatherv_link_bytes`), chosen by the size of Horovod's fused call: a step's
@@ -99,17 +101,18 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
     if _two_level(cluster):
         N, G = cluster.machines, cluster.workers_per_machine
         one = var.alpha_for_workers(1)
-        own = G * one * (var.size_bytes + INDEX_BYTES * var.rows)
-        inside = Collective("alltoall", 0, "machine", own + N * (values + ids) if N > 1 else own)
-        across = Collective("alltoall", 0, "cross", N * (values + ids) / G)
-        collectives = (inside, across) if N > 1 else (inside,)
-        # on one machine the first gather already holds every rank's rows: it is the only call
-        grouped = (Collective("alltoall", 2, "machine"), Collective("alltoall", 1, "cross")) if N > 1 else \
-            (Collective("alltoall", 1, "machine"),)
         index = allgather_index_bytes(alpha, var.rows, n) * scale
-        return MethodCost(allgather_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
-                          _rounds("allgather", n, cluster), collectives,
-                          group=f"{AR_SPARSE_GROUP} {var.dtype}", grouped=grouped)
+        bytes_ = allgather_value_bytes(alpha, var.size_bytes, n) * scale + index
+        own = G * one * (var.size_bytes + INDEX_BYTES * var.rows)
+        if N == 1:   # the one gather of every variable of the group (its bytes stay in the machine)
+            return MethodCost(bytes_, index, _rounds("allgather", n, cluster),
+                              (Collective("alltoall", 0, "machine", own),),
+                              group=f"{AR_SPARSE_GROUP} {var.dtype} {tuple(var.shape[1:])}",
+                              grouped=(Collective("alltoall", 1, "machine"),))
+        inside = _calls("alltoall", "machine", G * one * var.size_bytes, G * INDEX_BYTES * one * var.rows,
+                        N * values, N * ids)
+        return MethodCost(bytes_, index, _rounds("allgather", n, cluster),
+                          (inside, _calls("alltoall", "cross", N * values / G, N * ids / G)))
     # flat: Open MPI's allgatherv of the values and of the indices among the n participants
     _, g = participants(cluster)
     index = allgatherv_link_bytes(ids, n, g, step and step.ar_index_bytes)

@@ -24,9 +24,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
 * The dense AR gradients of a step are allreduced one by one and fused by Horovod's
   background thread (tensor fusion): charged as one call, its latency paid once per step,
   its bytes the sum of theirs.
-* The two-level AR sparse variables of a step travel packed in one grouped exchange (three
-  calls, :func:`.methods.ar_sparse`): its calls' latency is paid once per step when any
-  variable rides it, each variable's bytes at the calls' bandwidth.
+* With local aggregation on one machine the AR sparse variables of a step of one row shape
+  travel in one gather (:func:`.methods.ar_sparse`): its latency is paid once per step when
+  any variable rides it, each variable's bytes at the call's bandwidth.
 * Every other call is charged as the program issues it, parallax_nb's and the baselines'
   alike, though Horovod fuses some of them into one MPI call (plain Horovod's allgathers of
   a step's sparse gradients: two ``MPI_Allgatherv`` for the recommender's eight calls). The

@@ -25,16 +25,19 @@ Dense gradients are not aggregated here: a flat allreduce over ranks placed mach
 machine already crosses machines about as a two-level ring would, in one collective instead
 of four chained ones (:mod:`.exchanges.dense_allreduce`).
 
-Sparse allgather (:meth:`Hierarchy.allgather_sparse_group`): the machine's ranks gather their
+Sparse allgather (:meth:`Hierarchy.allgather_sparse`): the machine's ranks gather their
 deduplicated slices and sum them into the machine's union of rows (alpha_G of the rows);
 rank j sends every j-th row of that union to its peers of local index j on the other
 machines; a last local gather gives every rank the union of every machine. A machine sends
 its union once to each of the N - 1 other machines: ``2 * alpha_G * (m + 8 R) * (N - 1)`` bytes.
-Every sparse AR variable of a step (of one values dtype) travels in the same three calls,
-packed into one byte buffer per call (:func:`pack_slices`): a step's calls do not grow with
-its tables. Measured on the recommender (4 tables), 2 x 2 emulated ranks at 1 Gbit/s, AR with
-local aggregation: 24 alltoalls a step before, 3 after, the step 12.8-13.0 ms before and
-8.3-8.6 ms after (benchmarks/README.md).
+On one machine the first gather is the whole exchange, and every sparse AR variable of one
+values dtype and row shape rides the same call, as rows of one table that carry their ids
+(:meth:`Hierarchy.gather_sparse_group`). Across machines every variable keeps its own calls:
+the same grouping there (three calls a step for all variables) ran the recommender's AR step
+in 8.2-10.1 ms against 12.8-13.9 ms on 2 x 2 emulated ranks, but the compute between its
+three dependent calls and the ranks' skew on shared cores are not in the cost model, which
+then priced it at half what it measured and led AUTO to it where HYBRID was faster
+(benchmarks/README.md).
 
 PS lookups with local aggregation live in :mod:`.exchanges.sparse_ps` (they use :func:`local_splits`).
 """
@@ -122,82 +125,73 @@ class Hierarchy:
         return self.alltoall(tile_rows(x, self.G), self.local_splits(rows), name)
 
     # ---------------------------------------------------------------- sparse
-    def allgather_sparse_group(self, grads: list[tf.IndexedSlices], tag: str) -> list[tuple]:
-        """Every rank's deduplicated ``grads`` (one per variable), summed per row over all W
-        ranks and divided by W (module docstring), in one call per level: the rows of every
-        variable (deduplicated, int64 indices, one values dtype) travel packed
-        in one byte buffer (:func:`pack_slices`), so a step issues two gathers inside the
-        machine and one exchange across machines whatever the number of variables (on one
-        machine the first gather alone: it already holds every rank's rows). Per variable:
-        (summed ``IndexedSlices``, bytes sent to and received from other machines)."""
-        parts = [(g.values, g.indices) for g in grads]
-        shapes = [g.values.shape[1:] for g in grads]
-        row_bytes = [int(_elements(shape)) * g.values.dtype.size + g.indices.dtype.size
-                     for g, shape in zip(grads, shapes)]
-        dtype = grads[0].values.dtype
+    def allgather_sparse(self, grad: tf.IndexedSlices, row_bytes: int, tag: str):
+        """Every rank's (deduplicated) ``grad``, summed per row over all W ranks and divided by
+        W, as one deduplicated ``IndexedSlices``; plus (sent, received) bytes to and from other
+        machines (scalar tensors; ``row_bytes`` includes the 8 index bytes). On one machine
+        :meth:`gather_sparse_group` serves every variable at once instead."""
+        values, indices = grad.values, grad.indices
         if self.G > 1:
-            parts = self._gather_packed(parts, self.local_peers, self.G, dtype, shapes, f"px_la_group_local_{tag}")
-            if self.N == 1:   # the machine's union is every rank's: nothing to exchange or share
-                return [(deduplicate(tf.IndexedSlices(v / self.W, i, g.dense_shape)), tf.constant(0.0, tf.float64),
-                         tf.constant(0.0, tf.float64)) for (v, i), g in zip(parts, grads)]
-            parts = [_share(v, i, g.dense_shape, self.local, self.G) for (v, i), g in zip(parts, grads)]
-        moved = [(tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64))] * len(grads)
+            values, _ = self.local_gather(values, f"px_la_sv_local_{tag}")
+            indices, _ = self.local_gather(indices, f"px_la_si_local_{tag}")
+            union = deduplicate(tf.IndexedSlices(values, indices, grad.dense_shape))
+            values, indices = union.values[self.local::self.G], union.indices[self.local::self.G]
+        sent = received = tf.constant(0.0, tf.float64)
         if self.N > 1:
-            own = [tf.cast(tf.shape(i)[0], tf.float64) * b for (_, i), b in zip(parts, row_bytes)]
-            parts = self._gather_packed(parts, self.cross_peers, self.N, dtype, shapes, f"px_la_group_cross_{tag}")
-            moved = [(o * (self.N - 1), tf.cast(tf.shape(i)[0], tf.float64) * b - o)
-                     for o, (_, i), b in zip(own, parts, row_bytes)]
+            rows = tf.shape(indices)[0]
+            splits = self.splits(self.cross_peers, [rows] * self.N)
+            values, got = self.alltoall(tile_rows(values, self.N), splits, f"px_la_sv_cross_{tag}")
+            indices, _ = self.alltoall(tf.tile(indices, [self.N]), splits, f"px_la_si_cross_{tag}")
+            own = tf.cast(rows, tf.float64) * row_bytes
+            sent = own * (self.N - 1)
+            received = tf.cast(tf.reduce_sum(got), tf.float64) * row_bytes - own
         if self.G > 1:
-            parts = self._gather_packed(parts, self.local_peers, self.G, dtype, shapes, f"px_la_group_share_{tag}")
-        return [(deduplicate(tf.IndexedSlices(v / self.W, i, g.dense_shape)), sent, received)
-                for (v, i), g, (sent, received) in zip(parts, grads, moved)]
+            values, _ = self.local_gather(values, f"px_la_sv_share_{tag}")
+            indices, _ = self.local_gather(indices, f"px_la_si_share_{tag}")
+        return deduplicate(tf.IndexedSlices(values / self.W, indices, grad.dense_shape)), sent, received
 
-    def _gather_packed(self, parts: list[tuple], peers: list[int], copies: int, dtype, shapes, name: str) -> list[tuple]:
-        """Every peer's (values, indices) of each variable, concatenated in peer order: one
-        alltoall of the packed buffer tiled to the ``copies`` peers."""
-        packed = pack_slices(parts)
-        out, received = self.alltoall(tf.tile(packed, [copies]), self.splits(peers, [tf.size(packed)] * copies), name)
-        blocks = tf.split(out, received, num=self.W)
-        unpacked = [unpack_slices(blocks[r], dtype, shapes) for r in peers]
-        return [(tf.concat([b[k][0] for b in unpacked], 0), tf.concat([b[k][1] for b in unpacked], 0))
-                for k in range(len(parts))]
+    def gather_sparse_group(self, grads: list[tf.IndexedSlices], tag: str) -> list[tf.IndexedSlices]:
+        """One machine (N = 1, G > 1): every rank's deduplicated ``grads`` (one per variable, all
+        of one values dtype and row shape), summed per row over the W ranks and divided by W, in
+        one gather inside the machine whatever the number of variables: it already holds every
+        rank's rows, so nothing is exchanged or shared after it.
 
-
-
-def _elements(shape) -> int:
-    out = 1
-    for d in shape:
-        out *= int(d)
-    return out
-
-
-def _share(values: tf.Tensor, indices: tf.Tensor, dense_shape, local: int, G: int) -> tuple:
-    """The machine's union of the gathered rows, every ``G``-th row from ``local`` on: the share
-    this rank sends across machines."""
-    union = deduplicate(tf.IndexedSlices(values, indices, dense_shape))
-    return union.values[local::G], union.indices[local::G]
+        The variables travel as one table: variable k's row i is row ``offset_k + i``, and each
+        row carries its int64 id in its own last elements (:func:`with_ids`), so the call hands
+        one tensor and what arrives needs no parsing."""
+        sizes = [tf.cast(g.dense_shape[0], tf.int64) for g in grads]
+        offsets = tf.concat([[tf.constant(0, tf.int64)], tf.cumsum(tf.stack(sizes))], 0)
+        values = tf.concat([g.values for g in grads], 0)
+        ids = tf.concat([g.indices + offsets[k] for k, g in enumerate(grads)], 0)
+        shape = tf.concat([offsets[-1:], tf.shape(grads[0].values, out_type=tf.int64)[1:]], 0)
+        rows = tf.shape(values)[0]
+        out, _ = self.alltoall(tile_rows(with_ids(values, ids), self.G), self.local_splits(rows),
+                               f"px_la_group_local_{tag}")
+        values, ids = without_ids(out, values)
+        union = deduplicate(tf.IndexedSlices(values / self.W, ids, shape))
+        return _by_variable(union.values, union.indices, offsets, grads)
 
 
-def pack_slices(parts: list[tuple]) -> tf.Tensor:
-    """Several variables' (values, int64 indices) as one uint8 buffer: their row counts (int32),
-    then each variable's values and indices, as bytes. :func:`unpack_slices` reverses it."""
-    counts = tf.stack([tf.shape(i)[0] for _, i in parts])
-    pieces = [counts] + [t for pair in parts for t in pair]
-    return tf.concat([tf.reshape(tf.bitcast(t, tf.uint8), [-1]) for t in pieces], 0)
+def with_ids(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
+    """Rows of ``values`` (flattened to ``[rows, elements]``) with each row's int64 id appended
+    as the elements of ``values``' dtype that hold its 8 bytes: one tensor for one call."""
+    flat = tf.reshape(values, [tf.shape(values)[0], -1])
+    bits = tf.reshape(tf.bitcast(ids, values.dtype), [tf.shape(ids)[0], -1])
+    return tf.concat([flat, bits], 1)
 
 
-def unpack_slices(block: tf.Tensor, dtype, shapes) -> list[tuple]:
-    """The (values of ``dtype`` with rows of ``shapes[k]``, int64 indices) of each variable in
-    one :func:`pack_slices` buffer."""
-    n = len(shapes)
-    counts = tf.bitcast(tf.reshape(block[:4 * n], [n, 4]), tf.int32)
-    sizes = []
-    for k, shape in enumerate(shapes):
-        sizes += [counts[k] * (_elements(shape) * dtype.size), counts[k] * 8]
-    pieces = tf.split(block[4 * n:], tf.stack(sizes), num=2 * n)
-    out = []
-    for k, shape in enumerate(shapes):
-        values = tf.bitcast(tf.reshape(pieces[2 * k], [-1, dtype.size]), dtype) if dtype.size > 1 else \
-            tf.bitcast(pieces[2 * k], dtype)
-        out.append((tf.reshape(values, [-1, *shape]), tf.bitcast(tf.reshape(pieces[2 * k + 1], [-1, 8]), tf.int64)))
-    return out
+def without_ids(packed: tf.Tensor, like: tf.Tensor) -> tuple:
+    """:func:`with_ids` reversed: (values shaped as ``like``'s rows, int64 ids)."""
+    id_elements = 8 // like.dtype.size
+    values = tf.reshape(packed[:, :-id_elements], tf.concat([[-1], tf.shape(like)[1:]], 0))
+    bits = packed[:, -id_elements:]
+    ids = tf.bitcast(bits if id_elements > 1 else bits[:, 0], tf.int64)
+    return values, ids
+
+
+def _by_variable(values: tf.Tensor, ids: tf.Tensor, offsets: tf.Tensor, grads: list) -> list[tf.IndexedSlices]:
+    """The one table's rows back as each variable's ``IndexedSlices`` (ids less its offset)."""
+    owner = tf.cast(tf.searchsorted(offsets[1:], ids, side="right"), tf.int32)
+    parts = tf.dynamic_partition(values, owner, len(grads))
+    id_parts = tf.dynamic_partition(ids, owner, len(grads))
+    return [tf.IndexedSlices(parts[j], id_parts[j] - offsets[j], g.dense_shape) for j, g in enumerate(grads)]
