@@ -70,6 +70,10 @@ def two_rank_runs(tmp_path_factory):
     # runtime serves the two lookups made together apart (test_lookups_made_together_...)
     cases.append(dict(workload="lm", architecture="hybrid", optimizer="sgd", steps=STEPS,
                       partitions={"embedding/embeddings": 2, SOFTMAX_W: 2, SOFTMAX_B: 3}))
+    # both ranks as one machine with local aggregation: the sparse AR variables ride one gather
+    # per row shape (test_one_machine_gathers_every_sparse_ar_variable_at_once)
+    cases += [dict(workload=w, architecture="ar", optimizer="adam", steps=STEPS, workers_per_machine=2,
+                   one_machine=True) for w in ("lm", "recommender")]
     resumed = dict(workload="lm", architecture="hybrid", optimizer="adam", steps=STEPS, partitions=2,
                    checkpoint_dir=str(ckpt / "resumed"), resume=True,
                    copy_checkpoint=(str(ckpt / "full" / "ckpt-00000010"), str(ckpt / "resumed" / "ckpt-00000010")))
@@ -175,6 +179,37 @@ def test_two_ranks_equal_single_device(two_rank_runs):
         worst = _compare(case, per_rank[0][i]["weights"], 2)
         report.append(f"{_case_id(case)}: max |diff| {worst:.2e}")
     print("\n" + "\n".join(report))
+
+
+def test_one_machine_gathers_every_sparse_ar_variable_at_once(two_rank_runs):
+    """Two ranks as one machine with local aggregation (AR, Adam): every sparse variable of one
+    row shape rides one gather, so the step issues one call per row shape (the LM's embedding
+    and softmax weights, rows of 16, in one; its biases in another; the recommender's four
+    tables of 32 in one), as the cost model counts them, moves no byte across machines, and
+    trains to the single-device weights (test_two_ranks_equal_single_device compares them)."""
+    from parallax_nb.cost import estimate
+    from parallax_nb.plan import make_plan
+    from parallax_nb.profile import profile_job
+    from parallax_nb.types import ClusterSpec
+
+    cases, per_rank = two_rank_runs
+    checked = 0
+    for i, case in enumerate(cases):
+        if not case.get("one_machine"):
+            continue
+        groups = {"lm": 2, "recommender": 1}[case["workload"]]
+        for r in range(len(per_rank)):
+            assert per_rank[r][i]["local_aggregation"] is True, case
+            assert per_rank[r][i]["collectives"]["ar/sparse"] == [("alltoall", groups, "machine")], case
+            # one machine: no byte crosses a machine's link, as the ledger and the model count them
+            assert all(_measured(per_rank[r][i], name) == 0 for name in per_rank[r][i]["variables"]), case
+        job = runtime_cases.make_job(case["workload"], case["optimizer"])
+        profile = profile_job(job, steps=2, warmup=1)
+        cluster = ClusterSpec(machines=1, workers_per_machine=2, local_aggregation=True)
+        priced = estimate(profile, make_plan(profile, cluster, "ar")).link.calls
+        assert dict(priced)["alltoall/machine"] == groups, (case, priced)
+        checked += 1
+    assert checked == 2
 
 
 def test_every_rank_is_placed_before_its_model_is_built(two_rank_runs):
@@ -402,7 +437,7 @@ def test_bytes_match_cost_model(launch, request):
     lines = []
     compared = dense_ar = 0
     for i, case in enumerate(cases):
-        if case.get("resume"):
+        if case.get("resume") or case.get("one_machine"):   # one machine: nothing crosses one (checked apart)
             continue
         for name, info, expected in _modelled(case, per_rank[0][i]["variables"], ranks, ranks):
             label = f"{_case_id(case)} {name} {info['method']}/{info['kind']} P={info['partitions']}"
