@@ -186,6 +186,10 @@ def main() -> int:
     parser.add_argument("--configs", nargs="+", default=["horovod", "ar", "ps", "hybrid"])
     parser.add_argument("--tf-profile", metavar="DIR", help="profile steps of each configuration on rank 0 here")
     parser.add_argument("--profile-steps", type=int, default=20)
+    parser.add_argument("--workers-per-machine", type=int, default=None,
+                        help="ranks per machine for parallax_nb's configurations (all ranks: one machine, where "
+                             "local aggregation gathers every sparse AR variable at once); default: as the runtime "
+                             "finds the machines")
     parser.add_argument("--thread-cpu", action="store_true",
                         help="the CPU time per step of the main thread, Horovod's and MPI's threads, and the others")
     args = parser.parse_args()
@@ -215,7 +219,7 @@ def main() -> int:
             horovod_train(job, total, on_step=probe)
         else:
             plan = plan_for_kinds(variable_kinds(job), config, partitions=hvd.size(), model_name=job.name)
-            trainer = Trainer(job, plan)
+            trainer = Trainer(job, plan, workers_per_machine=args.workers_per_machine)
             trainer.run(total, on_step=probe)
             collectives = "; ".join(f"{m.value}/{k.value}: " + ", ".join(f"{c.count} {c.op} ({c.participants})"
                                                                      for c in cs)
