@@ -21,7 +21,7 @@ from .choice import choose_method
 from .methods import ps_sparse_alone, step_allgathers, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import (CallTime, calibration_for, call_time, compute_time_s, own_calls, payload_shares,
+from .timing import (CallTime, calibration_for, call_time, compute_time_s, distinct_groups, own_calls, payload_shares,
                      rides_fused_allreduce, time_basis, with_fused_call)
 
 #: the charged-cost key of a PS variable looked up together with one it is not served with: the
@@ -240,8 +240,9 @@ class Pricing:
 class _Column:
     """Per variable (lists in profile order), what charging it one key's cost adds to a step:
     bytes, index bytes, message rounds (0 when it rides the fused allreduce or a grouped
-    exchange), whether it rides the fused allreduce, its :class:`CallTime` fields, its calls by ``"op/scope"`` (and whether it lists that
-    scope at all) and its payload share by the ``"op/scope"`` that carries it across machines
+    exchange), whether it rides the fused allreduce, its :class:`CallTime` fields, its calls by
+    ``"op/scope"`` (and whether it lists that scope at all) and its payload share by the
+    ``"op/scope"`` that carries it across machines
     (0.0 where none: shares of 0 bytes frame nothing and the link prediction drops them)."""
 
     def __init__(self, charged: list, times: list[CallTime], parts):
@@ -314,7 +315,7 @@ class _Picked:
 
     def step_groups(self) -> list:
         """The grouped exchanges the picked costs ride, each once (:class:`.timing.Group`)."""
-        return list({g.key: g for g in self.values("group") if g}.values())
+        return distinct_groups(self.values("group"))
 
     def payload(self) -> dict:
         """``{"op/scope": payload bytes}`` (as :func:`.timing.payload_by_call`; a scope no charged

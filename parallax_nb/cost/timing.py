@@ -167,15 +167,17 @@ def step_communication(times: Sequence[CallTime], calibration: Calibration) -> S
     and each grouped exchange once."""
     time = latency = fused = 0.0
     calls = 0
-    groups = {}
     for t in times:
         time += t[0]
         latency += t[1]
         calls += t[2]
         fused += t[3]
-        if t[4] is not None:
-            groups[t[4].key] = t[4]
-    return with_fused_call(time, latency, calls, fused, calibration, groups.values())
+    return with_fused_call(time, latency, calls, fused, calibration, distinct_groups(t[4] for t in times))
+
+
+def distinct_groups(groups: Iterable[Group | None]) -> list[Group]:
+    """Each grouped exchange among ``groups`` once (None and 0, no group, left out)."""
+    return list({g.key: g for g in groups if g}.values())
 
 
 def with_fused_call(time_s: float, latency_s: float, calls: int, fused_bytes: float,
