@@ -281,13 +281,18 @@ def predictions(profile: Profile, spec: ClusterSpec) -> dict:
 
 
 def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, configs: list[str], machines: int,
-                workers: int, bandwidth: str | None, args, workdir: str, calibration=None) -> dict:
+                workers: int, bandwidth: str | None, args, workdir: str, calibration=None,
+                plan_cluster: ClusterSpec | None = None) -> dict:
+    """Plan, then run ``configs`` on ``machines`` x ``workers`` ranks. parallax plans for
+    ``plan_cluster`` when given (on loopback, one machine of every rank: the runtime takes the
+    plan's cluster on one host), else for the emulated machines with local aggregation (the
+    runtime finds the namespaces' machines itself), else on loopback for a machine per rank;
+    plain Horovod has no local aggregation."""
     ranks = machines * workers
     per_rank = ClusterSpec.create(machines=ranks, workers_per_machine=1, bandwidth=bandwidth or "100Gbit/s")
-    # on a network, parallax plans for its machines with local aggregation (the runtime finds the
-    # namespaces' machines itself); plain Horovod has none
-    plan_spec = (per_rank if bandwidth is None else
-                 ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth))
+    plan_spec = plan_cluster or (per_rank if bandwidth is None else
+                                 ClusterSpec.create(machines=machines, workers_per_machine=workers,
+                                                    bandwidth=bandwidth))
     tag = f"{workload_name}-{name}-{bandwidth or 'lo'}".replace("/", "").replace(" ", "")
     plans = write_plans(profile, plan_spec, workdir, tag, calibration)
     same_as = duplicates(profile, plans, configs)
@@ -301,7 +306,8 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
                 config_list[-1]["schedule"] = {"warmup_steps": 1, "steps_per_repeat": args.sad_steps}
         else:
             config_list.append({"name": c, "kind": "parallax", "plan": plans[c]})
-    network = "loopback" if bandwidth is None else f"{machines}x{workers}@{bandwidth}"
+    network = (f"{machines}x{workers}@{bandwidth}" if bandwidth is not None else
+               "loopback, one machine" if plan_cluster is not None and plan_cluster.machines == 1 else "loopback")
     print(f"== {spec['workload']}: {ranks} ranks, {network}", flush=True)
     start = time.monotonic()
     steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)

@@ -27,13 +27,16 @@ For each setting (workload x network), in one invocation:
    machine whose speed drifts between launches, a prediction can miss by the drift alone.
 
 Settings: workloads ``lm`` (LM realistic, :data:`bench_comm.WORKLOADS`), ``cnn``,
-``recommender``; networks ``loop2``, ``loop4`` (2 or 4 ranks on one machine) and emulated
-``MxG@BANDWIDTH``; configurations AR, PS, HYBRID, AUTO, plain Horovod and ``sparse_as_dense``.
+``recommender``; networks ``loop2``, ``loop4`` (2 or 4 ranks on one host, each taken as a
+machine), ``1x2``, ``1x4`` (2 or 4 ranks as one machine, local aggregation planned and run:
+no link, the step time alone is compared) and emulated ``MxG@BANDWIDTH``; configurations AR,
+PS, HYBRID, AUTO, plain Horovod and ``sparse_as_dense``.
 
 The default grid is sized for about 15 minutes on 2 cores (every workload at ``loop2``,
 ``loop4``, ``2x2@100Mbit/s`` and ``2x2@1Gbit/s``, without ``sparse_as_dense``; an estimate from
-its parts, measured one invocation each: benchmarks/README.md). It leaves out ``2x2@10Gbit/s``
-and ``4x2@1Gbit/s`` (8 ranks on 2 cores), which ``--networks all`` adds, and
+its parts, measured one invocation each: benchmarks/README.md). It leaves out ``1x2``, ``1x4``
+(about 10 minutes for the three workloads), ``2x2@10Gbit/s`` and ``4x2@1Gbit/s`` (8 ranks on 2
+cores), which ``--networks all`` adds, and
 ``sparse_as_dense``, which ``--configs all`` adds (its densified tables make an LM step seconds
 long).
 
@@ -50,6 +53,7 @@ import os
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -68,7 +72,7 @@ WORKLOADS = {
 QUICK = {"lm": bench_comm.QUICK["lm"], "cnn": bench_comm.QUICK["cnn"],
          "recommender": dict(workload="recommender", size="tiny", batch_size=16, overrides={})}
 DEFAULT_NETWORKS = ("loop2", "loop4", "2x2@100Mbit/s", "2x2@1Gbit/s")
-FULL_NETWORKS = ("loop2", "loop4", "2x2@100Mbit/s", "2x2@1Gbit/s", "2x2@10Gbit/s", "4x2@1Gbit/s")
+FULL_NETWORKS = ("loop2", "loop4", "1x2", "1x4", "2x2@100Mbit/s", "2x2@1Gbit/s", "2x2@10Gbit/s", "4x2@1Gbit/s")
 QUICK_NETWORKS = ("loop2", "2x2@1Gbit/s")
 DEFAULT_CONFIGS = ("ar", "ps", "hybrid", "auto", "horovod")
 QUICK_CONFIGS = ("ar", "hybrid", "auto", "horovod")
@@ -77,25 +81,43 @@ ESTIMATE_KEY = {"ar": "ar", "ps": "ps", "hybrid": "hybrid", "auto": "auto", "hor
 LOOPBACK_BANDWIDTH = "100Gbit/s"   # what the model assumes between ranks of one machine, uncalibrated
 
 
-def parse_setting_network(text: str) -> tuple[int, int, str | None]:
-    """``"loop4"`` -> (1 machine, 4 ranks, no bandwidth); ``"2x2@1Gbit/s"`` as :func:`bench_comm.parse_network`."""
-    if text.startswith("loop"):
+class Setting(NamedTuple):
+    """Where a setting runs: ``machines`` x ``workers`` ranks over an emulated link of
+    ``bandwidth``, or on loopback (``bandwidth`` None) ``workers`` ranks of one host, taken as a
+    machine each (``loopW``) or as one machine whose local aggregation is planned and run
+    (``1xW``, a multi-GPU machine: nothing crosses a link)."""
+
+    machines: int
+    workers: int
+    bandwidth: str | None
+    one_machine: bool = False
+
+
+def parse_setting_network(text: str) -> Setting:
+    """``"loop4"`` -> 4 ranks each its own machine; ``"1x4"`` -> one machine of 4 ranks;
+    ``"2x2@1Gbit/s"`` as :func:`bench_comm.parse_network`."""
+    if text.startswith("loop") or ("@" not in text and text.lower().startswith("1x")):
         try:
-            ranks = int(text[4:])
+            ranks = int(text[4:] if text.startswith("loop") else text[2:])
         except ValueError:
             ranks = 0
         if ranks < 1:
-            raise ConfigError(f"cannot read network {text!r}", hint="loopback is loopN, e.g. loop2")
-        return 1, ranks, None
-    return bench_comm.parse_network(text)
+            raise ConfigError(f"cannot read network {text!r}",
+                              hint="loopback is loopN (each rank a machine) or 1xN (one machine of N ranks)")
+        return Setting(1, ranks, None, one_machine=not text.startswith("loop"))
+    return Setting(*bench_comm.parse_network(text))
 
 
-def model_cluster(machines: int, workers: int, bandwidth: str | None) -> ClusterSpec:
-    """The cluster the prediction is for: the emulated machines (local aggregation on), or on
-    loopback each rank taken as a machine (as the runtime does on one host)."""
-    if bandwidth is None:
-        return ClusterSpec.create(machines=workers, workers_per_machine=1, bandwidth=LOOPBACK_BANDWIDTH)
-    return ClusterSpec.create(machines=machines, workers_per_machine=workers, bandwidth=bandwidth)
+def model_cluster(setting: Setting) -> ClusterSpec:
+    """The cluster the prediction is for: the emulated machines (local aggregation on), one
+    machine of every rank (``1xW``), or on loopback each rank taken as a machine (as the runtime
+    does on one host when the plan is for as many machines as ranks)."""
+    if setting.one_machine:
+        return ClusterSpec.create(machines=1, workers_per_machine=setting.workers, bandwidth=LOOPBACK_BANDWIDTH)
+    if setting.bandwidth is None:
+        return ClusterSpec.create(machines=setting.workers, workers_per_machine=1, bandwidth=LOOPBACK_BANDWIDTH)
+    return ClusterSpec.create(machines=setting.machines, workers_per_machine=setting.workers,
+                              bandwidth=setting.bandwidth)
 
 
 def run_horovod_env() -> dict:
@@ -105,16 +127,18 @@ def run_horovod_env() -> dict:
     return horovod_settings(bench_comm.rank_env())
 
 
-def setting_calibration(args, spec: dict, network: str, machines: int, workers: int, bandwidth: str | None):
+def setting_calibration(args, spec: dict, network: str, setting: Setting):
     """``(Calibration or None, how)``: ``--calibration`` when it is for this shape, else one
     measured now with ``px.calibrate`` (``--calibrate``, when that API is installed), else None.
 
     ``--calibrate`` measures on the launch the runs will have: the same network namespaces
     (on loopback one unshaped namespace, ``emulate="1xW"``, as :func:`bench_comm.launch`
-    places the ranks) and the same Horovod settings (:func:`run_horovod_env`)."""
+    places the ranks; ``1xW`` measured as one machine) and the same Horovod settings
+    (:func:`run_horovod_env`)."""
     from parallax_nb.calibration import Calibration
 
-    shape = (workers, 1) if bandwidth is None else (machines, workers)
+    machines, workers, bandwidth, one_machine = setting
+    shape = (1, workers) if one_machine else (workers, 1) if bandwidth is None else (machines, workers)
     if args.calibration:
         cal = Calibration.from_json(args.calibration)
         if (cal.machines, cal.workers_per_machine) == shape:
@@ -128,7 +152,8 @@ def setting_calibration(args, spec: dict, network: str, machines: int, workers: 
 
         try:
             cal = calibrate(np=machines * workers, emulate=f"1x{workers}" if bandwidth is None else network,
-                            job=worker.make_job(spec), workers_per_machine=1 if bandwidth is None else None,
+                            job=worker.make_job(spec),
+                            workers_per_machine=workers if one_machine else 1 if bandwidth is None else None,
                             env=run_horovod_env())
         except Exception as e:  # noqa: BLE001 - the benchmark goes on uncalibrated and says why
             return None, f"uncalibrated (calibrate failed: {type(e).__name__}: {e})"
@@ -136,19 +161,22 @@ def setting_calibration(args, spec: dict, network: str, machines: int, workers: 
     return None, "uncalibrated (defaults)"
 
 
-def predict(profile, machines: int, workers: int, bandwidth: str | None, configs: list[str], calibration) -> dict:
+def predict(profile, setting: Setting, configs: list[str], calibration) -> dict:
     """Per configuration, before running: the estimate's step time and payload, and the link
-    bytes per machine per step (``link``; on loopback per rank, as :func:`read_loopback` says)."""
+    bytes per machine per step (``link``; on loopback per rank, as :func:`read_loopback` says;
+    on one machine none: no link)."""
     from parallax_nb import cost
     from parallax_nb.cost.link import predict_link_bytes
 
-    spec = model_cluster(machines, workers, bandwidth)
+    spec = model_cluster(setting)
     extra = {"calibration": calibration}
     ours = cost.compare_architectures(profile, spec, include_horovod=True, **extra)
     out = {}
     for c in configs:
         est = ours[ESTIMATE_KEY[c]]   # the baselines' entries model Horovod as users run it
-        if bandwidth is None and not read_loopback(calibration):
+        if setting.one_machine:
+            link = {"payload_bytes": None, "total_bytes": None}
+        elif setting.bandwidth is None and not read_loopback(calibration):
             link = {"payload_bytes": est.bytes_per_machine_per_step, "total_bytes": est.bytes_per_machine_per_step}
         else:
             # the estimate's own: with a calibration that read its links, every call priced as measured
@@ -184,8 +212,7 @@ def with_launch_compute(calibration, model_name: str, config: str, seconds: floa
                                                                      model_name: own})
 
 
-def launch_compute_rows(profile, machines: int, workers: int, bandwidth: str | None, run: dict,
-                        calibration) -> dict:
+def launch_compute_rows(profile, setting: Setting, run: dict, calibration) -> dict:
     """Per configuration run with a calibration: its compute as calibrated and as timed in its
     own launch right before it ran (:func:`worker.launch_compute`), and the step time the model
     predicts with the launch's figure. Tells the model's error apart from the machine's drift
@@ -195,22 +222,22 @@ def launch_compute_rows(profile, machines: int, workers: int, bandwidth: str | N
         seconds = result.get("launch_compute_s") if isinstance(result, dict) else None
         if calibration is None or seconds is None:
             continue
-        again = predict(profile, machines, workers, bandwidth, [c],
+        again = predict(profile, setting, [c],
                         with_launch_compute(calibration, profile.model_name, c, seconds))[c]
         out[c] = {"calibrated_compute_s": calibration.compute_for(profile.model_name, baseline_of(c)),
                   "launch_compute_s": seconds, "predicted_with_launch_compute_s": again["step_time_s"]}
     return out
 
 
-def measured(config: dict, on_network: bool) -> dict:
+def measured(config: dict, on_network: bool | None) -> dict:
     """Median step time over the timed windows, and the link's bytes per machine per step (on
-    loopback: kernel bytes per rank per step)."""
+    loopback: kernel bytes per rank per step; ``on_network`` None: one machine, no link)."""
     windows = config.get("windows") or []
     if not windows:
         return {"step_time_s": None, "link_bytes": None}
     key = "kernel_link_bytes_per_machine_per_step" if on_network else "kernel_bytes_per_rank_per_step"
     return {"step_time_s": statistics.median(1.0 / w["steps_per_s"] for w in windows),
-            "link_bytes": statistics.median(w[key] for w in windows)}
+            "link_bytes": None if on_network is None else statistics.median(w[key] for w in windows)}
 
 
 def error_pct(predicted, measured_value):
@@ -219,8 +246,10 @@ def error_pct(predicted, measured_value):
     return 100.0 * (measured_value - predicted) / predicted
 
 
-def compare_setting(prediction: dict, run: dict, on_network: bool, launch_compute: dict | None = None) -> dict:
-    """Rows of predicted against measured, and the AUTO verdict; with ``launch_compute``
+def compare_setting(prediction: dict, run: dict, on_network: bool | None,
+                    launch_compute: dict | None = None) -> dict:
+    """Rows of predicted against measured, and the AUTO verdict (``on_network``: as
+    :func:`measured`); with ``launch_compute``
     (:func:`launch_compute_rows`) each row also has its error with the launch's compute."""
     rows = {}
     for c, p in prediction.items():
@@ -280,9 +309,10 @@ def markdown(doc: dict) -> str:
 
 
 def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) -> dict:
-    machines, workers, bandwidth = parse_setting_network(network)
-    calibration, how = setting_calibration(args, spec, network, machines, workers, bandwidth)
-    prediction = predict(profile, machines, workers, bandwidth, args.configs, calibration)
+    setting = parse_setting_network(network)
+    machines, workers, bandwidth, one_machine = setting
+    calibration, how = setting_calibration(args, spec, network, setting)
+    prediction = predict(profile, setting, args.configs, calibration)
     mismatch = calibration.settings_mismatch(run_horovod_env()) if calibration is not None else ""
     print(f"== {name} {network}: predicted first ({how}): "
           + ", ".join(f"{c} {p['step_time_s'] * 1e3:.1f} ms" for c, p in prediction.items()), flush=True)
@@ -292,10 +322,10 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
     if drift:
         print(f"   NOTE: {drift}", flush=True)
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
-                                 args.configs, 1 if bandwidth is None else machines, workers, bandwidth, args, workdir,
-                                 calibration)
-    comparison = compare_setting(prediction, run, bandwidth is not None,
-                                 launch_compute_rows(profile, machines, workers, bandwidth, run, calibration))
+                                 args.configs, machines, workers, bandwidth, args, workdir, calibration,
+                                 plan_cluster=model_cluster(setting) if one_machine else None)
+    comparison = compare_setting(prediction, run, None if one_machine else bandwidth is not None,
+                                 launch_compute_rows(profile, setting, run, calibration))
     return {"workload": name, "network": network, "calibration": how, "calibration_warning": mismatch,
             "calibration_compute_drift": drift,
             "run_horovod_env": run_horovod_env(),
@@ -308,7 +338,8 @@ def make_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=sorted(WORKLOADS))
     parser.add_argument("--networks", nargs="+", default=None,
-                        help=f"loopN or MxG@BANDWIDTH, or 'all' ({' '.join(FULL_NETWORKS)}); "
+                        help=f"loopN (N ranks, each a machine), 1xN (one machine of N ranks, local "
+                             f"aggregation planned), MxG@BANDWIDTH, or 'all' ({' '.join(FULL_NETWORKS)}); "
                              f"default {' '.join(DEFAULT_NETWORKS)}")
     parser.add_argument("--configs", nargs="+", default=None,
                         help=f"of {' '.join(ESTIMATE_KEY)}, or 'all'; default {' '.join(DEFAULT_CONFIGS)}")

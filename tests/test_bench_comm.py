@@ -108,6 +108,32 @@ def test_bench_predict_reprices_a_configuration_with_the_compute_timed_in_its_la
     assert "launch_compute_s" not in bench_predict.compare_setting(prediction, run, False)["rows"]["ar"]
 
 
+def test_bench_predict_reads_one_machine_of_ranks_apart_from_a_machine_per_rank():
+    """``1x4`` is one machine of 4 ranks on loopback (local aggregation planned and run,
+    calibrated as one machine, nothing crosses a link: no link row); ``loop4`` is 4 ranks each
+    taken as a machine; a shape it cannot read names the value and both spellings."""
+    import bench_predict
+
+    one = bench_predict.parse_setting_network("1x4")
+    per_rank = bench_predict.parse_setting_network("loop4")
+    assert one == (1, 4, None, True) and per_rank == (1, 4, None, False)
+    assert bench_predict.parse_setting_network("2x2@1Gbit/s") == (2, 2, "1Gbit/s", False)
+    cluster = bench_predict.model_cluster(one)
+    assert (cluster.machines, cluster.workers_per_machine, cluster.local_aggregation) == (1, 4, True)
+    cluster = bench_predict.model_cluster(per_rank)
+    assert (cluster.machines, cluster.workers_per_machine) == (4, 1)
+    for text in ("1x", "1xfour", "loop0"):
+        with pytest.raises(ConfigError, match="1xN") as e:
+            bench_predict.parse_setting_network(text)
+        assert repr(text) in str(e.value)
+
+    prediction = {"ar": {"step_time_s": 0.002, "link": {"total_bytes": None}}}
+    run = {"configs": {"ar": {"windows": [{"steps_per_s": 400.0, "kernel_bytes_per_rank_per_step": 9e4}] * 3}}}
+    row = bench_predict.compare_setting(prediction, run, None)["rows"]["ar"]
+    assert row["step_time_error_pct"] == pytest.approx(25.0)
+    assert (row["measured_link_bytes"], row["link_error_pct"]) == (None, None)
+
+
 def test_predict_repeats_judges_issue_14s_targets_over_every_reading_of_every_invocation():
     """Two invocations of one setting: a configuration that ran another's program is counted
     once, a failed one not at all; each row's errors are the median and range over invocations;
