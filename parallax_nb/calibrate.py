@@ -283,6 +283,8 @@ def _link_rates(readings) -> tuple[float, float]:
 def fits_table(calibration: Calibration) -> str:
     """The fits as a readable table: op, scope, latency, bandwidth, max error, sizes."""
     lines = [f"{'op':<10} {'scope':<8} {'latency':>10} {'bandwidth':>12} {'max error':>9} {'sizes':>5}"]
+    if not calibration.fits and calibration.machines * calibration.workers_per_machine == 1:
+        lines = ["one rank: no collective to time (a plan for one rank has no communication)"]
     for key, fit in sorted(calibration.fits.items()):
         op, scope = key.split("/")
         lines.append(f"{op:<10} {scope:<8} {fit.latency_s * 1e6:>7.0f} us {_gbits(fit.bandwidth_bps):>12} "

@@ -407,3 +407,23 @@ def test_the_safety_net_takes_a_faster_whole_model_plan_and_says_so(monkeypatch)
     assert rescued.comm_time_s == pytest.approx(min(whole.values()))
     lines = dict(line.split(": ", 1) for line in rescued.explanations[1:-1])
     assert all(lines[name].startswith(m.value.upper()) for name, m in zip(prof.names, rescued.methods))
+
+
+def test_a_calibration_of_one_rank_plans_every_architecture_with_no_communication():
+    """``calibrate --np 1`` writes a calibration with no call's figure (nothing to time). A
+    plan for that one rank needs none: AUTO and every option price no communication, and the
+    printed calibration says why its table is empty (it once raised "no figure for
+    'allreduce' calls" from AUTO's search)."""
+    from parallax_nb.calibrate import fits_table
+
+    one = Calibration(1, 1, {}, compute_time_s={"lm_like": 0.004}, where="loopback", created="2026-11-28T18:00:00Z")
+    prof = replace(lm_profile(), model_name="lm_like")
+    spec = ClusterSpec.create(1, 1, "10Gbit/s")
+    estimates = compare_architectures(prof, spec, include_horovod=True, calibration=one)
+    assert {key: (e.comm_time_s, e.collective_calls_per_step, e.step_time_s) for key, e in estimates.items()} == {
+        key: (0.0, 0, 0.004) for key in estimates}
+    plan = make_plan(prof, spec, "auto", calibration=one)
+    assert len(plan.variables) == len(prof.variables)
+    assert fits_table(one).splitlines()[0] == "one rank: no collective to time (a plan for one rank has no communication)"
+    with pytest.raises(ConfigError, match="no figure for 'allreduce'"):
+        one.fit("allreduce")   # a plan for more ranks still gets the error

@@ -53,10 +53,12 @@ def duration(seconds: float) -> str:
 
 def _variable_times(priced) -> tuple[list[float], list[float]]:
     """Per variable, seconds per step under AR (fused bytes at the fused call's rate) and PS."""
-    per_byte = fused_seconds_per_byte(priced.calibration)
-    ar = [t.time_s + t.fused_bytes * per_byte for t in priced.times(Method.AR.value)]
-    ps = [t.time_s + t.fused_bytes * per_byte for t in priced.times(Method.PS.value)]
-    return ar, ps
+    ar_times, ps_times = priced.times(Method.AR.value), priced.times(Method.PS.value)
+    # on one rank nothing rides the fused call, and a calibration of one rank holds no call's figure
+    fused = any(t.fused_bytes for t in (*ar_times, *ps_times))
+    per_byte = fused_seconds_per_byte(priced.calibration) if fused else 0.0
+    return [t.time_s + t.fused_bytes * per_byte for t in ar_times], [t.time_s + t.fused_bytes * per_byte
+                                                                     for t in ps_times]
 
 
 def _best_methods(priced) -> list[Method]:
