@@ -32,9 +32,12 @@ machine), ``1x2``, ``1x4`` (2 or 4 ranks as one machine, local aggregation plann
 no link, the step time alone is compared) and emulated ``MxG@BANDWIDTH``; configurations AR,
 PS, HYBRID, AUTO, plain Horovod and ``sparse_as_dense``.
 
-The default grid is sized for about 15 minutes on 2 cores (every workload at ``loop2``,
-``loop4``, ``2x2@100Mbit/s`` and ``2x2@1Gbit/s``, without ``sparse_as_dense``; an estimate from
-its parts, measured one invocation each: benchmarks/README.md). It leaves out ``1x2``, ``1x4``
+The default grid is every workload at ``loop2``, ``loop4``, ``2x2@100Mbit/s`` and
+``2x2@1Gbit/s``, without ``sparse_as_dense``: about 15 minutes on 2 cores uncalibrated (an
+estimate from its parts, measured one invocation each: benchmarks/README.md), and more than 40
+minutes with ``--calibrate --interleave`` (one invocation on 2026-11-28 was still in its 11th of
+12 settings at 40 minutes). ``--json`` is written after every setting, so a stopped invocation
+keeps the settings it finished (``"complete": false``). It leaves out ``1x2``, ``1x4``
 (about 10 minutes for the three workloads), ``2x2@10Gbit/s`` and ``4x2@1Gbit/s`` (8 ranks on 2
 cores), which ``--networks all`` adds, and
 ``sparse_as_dense``, which ``--configs all`` adds (its densified tables make an LM step seconds
@@ -371,24 +374,34 @@ def main(argv=None) -> int:
         print("bench_predict: needs root for the network namespaces", file=sys.stderr)
         return 2
     workdir = bench_comm.work_directory(args.workdir, "bench_predict")
+    from parallax_nb.jsonfile import atomic_write_text
+
     started = time.monotonic()
     settings = []
+    planned = len(args.workloads) * len(networks)
+
+    def document() -> dict:
+        return {"schema": "parallax_nb.bench_predict",
+                "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "command": " ".join(["benchmarks/bench_predict.py", *(argv if argv is not None else sys.argv[1:])]),
+                "machine": report.machine_description(), "wall_s": time.monotonic() - started, "quick": args.quick,
+                "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
+                "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads},
+                "settings_planned": planned, "complete": len(settings) == planned, "settings": settings}
+
     for name in args.workloads:
         spec = (QUICK if args.quick else WORKLOADS)[name]
         profile = bench_comm.profile_workload(spec, workdir, args.profile_steps)
         for network in networks:
             settings.append(run_one(args, name, spec, profile, network, workdir))
-    doc = {"schema": "parallax_nb.bench_predict", "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "command": " ".join(["benchmarks/bench_predict.py", *(argv if argv is not None else sys.argv[1:])]),
-           "machine": report.machine_description(), "wall_s": time.monotonic() - started, "quick": args.quick,
-           "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
-           "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads}, "settings": settings}
+            if args.json and len(settings) < planned:
+                # an invocation stopped part way keeps the settings it finished ("complete": false)
+                atomic_write_text(args.json, json.dumps(document(), indent=1))
+    doc = document()
     table = markdown(doc)
     print()
     print(table)
     print(f"\n{doc['machine']}; {doc['wall_s']:.0f} s in all")
-    from parallax_nb.jsonfile import atomic_write_text
-
     if args.json:
         atomic_write_text(args.json, json.dumps(doc, indent=1))
         print(f"wrote {args.json}")

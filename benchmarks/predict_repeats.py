@@ -132,10 +132,17 @@ def _pct(r: dict) -> str:
     return f"{r['median']:+.1f} % ({r['min']:+.1f} to {r['max']:+.1f})"
 
 
+def stopped(doc: dict) -> str:
+    """``"; stopped after 10 of 12 settings"`` for an invocation that did not finish, else ``""``."""
+    if doc.get("complete", True):
+        return ""
+    return f"; stopped after {len(doc['settings'])} of {doc['settings_planned']} settings"
+
+
 def render(summary: dict, docs: list[dict]) -> str:
     lines = [f"bench_predict, {summary['invocations']} whole invocation(s) on {docs[0]['machine']}; each figure: "
              f"the median over invocations (min to max)",
-             *(f"  {d['finished_utc']}: {d['command']} ({d['wall_s']:.0f} s)" for d in docs), "",
+             *(f"  {d['finished_utc']}: {d['command']} ({d['wall_s']:.0f} s" + stopped(d) + ")" for d in docs), "",
              "| workload | network | config | " + " | ".join(label for label, _ in ERRORS) + " |",
              "|---|---|---|" + "--:|" * len(ERRORS)]
     for r in summary["rows"]:

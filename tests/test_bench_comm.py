@@ -134,6 +134,40 @@ def test_bench_predict_reads_one_machine_of_ranks_apart_from_a_machine_per_rank(
     assert (row["measured_link_bytes"], row["link_error_pct"]) == (None, None)
 
 
+def test_bench_predict_keeps_the_settings_it_finished_when_it_is_stopped(tmp_path, monkeypatch):
+    """A calibrated grid runs for most of an hour here: an invocation stopped in its second
+    setting leaves a JSON of the first, marked incomplete, and predict_repeats names it as
+    stopped; an invocation that finishes is marked complete."""
+    import json
+
+    import bench_predict
+    import predict_repeats
+
+    done = []
+
+    def run_one(args, name, spec, profile, network, workdir):
+        if done:
+            raise KeyboardInterrupt
+        done.append(network)
+        return {"workload": name, "network": network, "comparison": {"rows": {}, "auto": None}}
+
+    monkeypatch.setattr(bench_predict, "run_one", run_one)
+    monkeypatch.setattr(bench_comm, "profile_workload", lambda spec, workdir, steps: None)
+    monkeypatch.setattr(bench_predict.os, "geteuid", lambda: 0)
+    out = tmp_path / "p.json"
+    argv = ["--workloads", "recommender", "--networks", "loop2", "1x2", "--json", str(out), "--workdir", str(tmp_path)]
+    with pytest.raises(KeyboardInterrupt):
+        bench_predict.main(argv)
+    doc = json.loads(out.read_text())
+    assert (doc["complete"], doc["settings_planned"], [s["network"] for s in doc["settings"]]) == (False, 2, ["loop2"])
+    assert predict_repeats.stopped(doc) == "; stopped after 1 of 2 settings"
+
+    done.clear()
+    assert bench_predict.main(argv[:4] + argv[5:]) == 0   # loop2 alone
+    doc = json.loads(out.read_text())
+    assert doc["complete"] and len(doc["settings"]) == 1 and predict_repeats.stopped(doc) == ""
+
+
 def test_predict_repeats_judges_issue_14s_targets_over_every_reading_of_every_invocation():
     """Two invocations of one setting: a configuration that ran another's program is counted
     once, a failed one not at all; each row's errors are the median and range over invocations;
