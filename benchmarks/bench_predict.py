@@ -140,8 +140,9 @@ def setting_calibration(args, spec: dict, network: str, setting: Setting):
     (:func:`run_horovod_env`)."""
     from parallax_nb.calibration import Calibration
 
-    machines, workers, bandwidth, one_machine = setting
-    shape = (1, workers) if one_machine else (workers, 1) if bandwidth is None else (machines, workers)
+    machines, workers, bandwidth, _ = setting
+    cluster = model_cluster(setting)
+    shape = (cluster.machines, cluster.workers_per_machine)
     if args.calibration:
         cal = Calibration.from_json(args.calibration)
         if (cal.machines, cal.workers_per_machine) == shape:
@@ -156,7 +157,8 @@ def setting_calibration(args, spec: dict, network: str, setting: Setting):
         try:
             cal = calibrate(np=machines * workers, emulate=f"1x{workers}" if bandwidth is None else network,
                             job=worker.make_job(spec),
-                            workers_per_machine=workers if one_machine else 1 if bandwidth is None else None,
+                            # on loopback the machines are the model's; on a network the namespaces'
+                            workers_per_machine=cluster.workers_per_machine if bandwidth is None else None,
                             env=run_horovod_env())
         except Exception as e:  # noqa: BLE001 - the benchmark goes on uncalibrated and says why
             return None, f"uncalibrated (calibrate failed: {type(e).__name__}: {e})"
@@ -326,7 +328,7 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
         print(f"   NOTE: {drift}", flush=True)
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
                                  args.configs, machines, workers, bandwidth, args, workdir, calibration,
-                                 plan_cluster=model_cluster(setting) if one_machine else None)
+                                 plan_cluster=model_cluster(setting))   # plans for the cluster predicted
     comparison = compare_setting(prediction, run, None if one_machine else bandwidth is not None,
                                  launch_compute_rows(profile, setting, run, calibration))
     return {"workload": name, "network": network, "calibration": how, "calibration_warning": mismatch,

@@ -57,8 +57,8 @@ def _variable_times(priced) -> tuple[list[float], list[float]]:
     # on one rank nothing rides the fused call, and a calibration of one rank holds no call's figure
     fused = any(t.fused_bytes for t in (*ar_times, *ps_times))
     per_byte = fused_seconds_per_byte(priced.calibration) if fused else 0.0
-    return [t.time_s + t.fused_bytes * per_byte for t in ar_times], [t.time_s + t.fused_bytes * per_byte
-                                                                     for t in ps_times]
+    return ([t.time_s + t.fused_bytes * per_byte for t in ar_times],
+            [t.time_s + t.fused_bytes * per_byte for t in ps_times])
 
 
 def _best_methods(priced) -> list[Method]:
