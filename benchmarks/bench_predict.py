@@ -186,7 +186,8 @@ def predict(profile, setting: Setting, configs: list[str], calibration) -> dict:
         else:
             # the estimate's own: with a calibration that read its links, every call priced as measured
             link = (est.link or predict_link_bytes(est.bytes_per_machine_per_step, est.step_time_s, calibration)).to_dict()
-        out[c] = {"step_time_s": est.step_time_s, "link": link}
+        out[c] = {"step_time_s": est.step_time_s, "link": link, "link_bound": est.link_bound,
+                  "link_floor_s": est.link_floor_s}
     return out
 
 
@@ -260,7 +261,8 @@ def compare_setting(prediction: dict, run: dict, on_network: bool | None,
     for c, p in prediction.items():
         result = run["configs"].get(c, {"error": "not run"})
         m = measured(result, on_network) if "error" not in result else {"step_time_s": None, "link_bytes": None}
-        rows[c] = {"predicted_step_time_s": p["step_time_s"], "measured_step_time_s": m["step_time_s"],
+        rows[c] = {"predicted_step_time_s": p["step_time_s"], "predicted_link_bound": p.get("link_bound", False),
+                   "measured_step_time_s": m["step_time_s"],
                    "step_time_error_pct": error_pct(p["step_time_s"], m["step_time_s"]),
                    "predicted_link_bytes": p["link"]["total_bytes"], "measured_link_bytes": m["link_bytes"],
                    "link_error_pct": error_pct(p["link"]["total_bytes"], m["link_bytes"]),
@@ -291,7 +293,8 @@ def _compute_pair(row: dict) -> str:
 
 
 def markdown(doc: dict) -> str:
-    """One table: a row per setting and configuration."""
+    """One table: a row per setting and configuration; "(link)" marks a prediction the link's pace
+    sets, not the step's calls (:func:`parallax_nb.cost.timing.link_floor_s`)."""
     lines = ["| workload | network | config | step predicted (ms) | step measured (ms) | error | "
              "compute calibrated / in the launch (ms) | error with the launch's compute | "
              "link pred. (KB/step) | link measured (KB/step) | error | AUTO within 5 % of fastest | calibration |",
@@ -305,7 +308,8 @@ def markdown(doc: dict) -> str:
                f"AUTO {verdict['plan_auto_behind_pct']:+.1f} %)"))
         for c, r in s["comparison"]["rows"].items():
             name = c + (f" (= {r['same_as']})" if r["same_as"] else "") + (" FAILED" if r["error"] else "")
-            lines.append(f"| {s['workload']} | {s['network']} | {name} | {_ms(r['predicted_step_time_s'])} | "
+            bound = " (link)" if r.get("predicted_link_bound") else ""
+            lines.append(f"| {s['workload']} | {s['network']} | {name} | {_ms(r['predicted_step_time_s'])}{bound} | "
                          f"{_ms(r['measured_step_time_s'])} | {_pct(r['step_time_error_pct'])} | "
                          f"{_compute_pair(r)} | {_pct(r.get('step_time_error_with_launch_compute_pct'))} | "
                          f"{_kb(r['predicted_link_bytes'])} | {_kb(r['measured_link_bytes'])} | "

@@ -60,6 +60,7 @@ Pure Python: no TensorFlow, no numpy.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -412,6 +413,29 @@ class Calibration:
         factors = [fit.framing_factor(*key.split("/"), self.machines, self.workers_per_machine)
                    for key, fit in self.link_fits.items() if not key.endswith("/machine")]
         return statistics.median(factors) if self.machines > 1 and factors else None
+
+    @functools.cached_property
+    def link_bytes_per_s(self) -> float | None:
+        """The pace a machine's link sustained in each direction, bytes per second, as the
+        calibration read it: per op and scope that crosses machines, the link bytes of its
+        largest timed call (received + sent, so halved) over that call's time; the median
+        over them. None on one machine, and without link points (no counters, older files).
+
+        A step cannot move its bytes faster than this, however few its calls
+        (:func:`.cost.timing.link_floor_s`). Read off the largest calls because there the
+        payload, not the per-call start, sets the time."""
+        if self.machines < 2:
+            return None
+        paces = []
+        for key, link in self.link_fits.items():
+            fit = self.fits.get(key)
+            if key.endswith("/machine") or fit is None or not link.points or not fit.points:
+                continue
+            handed, link_bytes = link.points[-1][0], link.points[-1][1]
+            timed = [seconds for size, seconds in fit.points if size == handed]
+            if timed and link_bytes > 0 and min(timed) > 0:
+                paces.append(link_bytes / 2.0 / statistics.median(timed))
+        return statistics.median(paces) if paces else None
 
     def compute_for(self, model_name: str, baseline: str | None = None) -> float | None:
         """Seconds of compute per step of ``model_name`` under the real placement, if measured;

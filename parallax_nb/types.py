@@ -521,6 +521,9 @@ class Estimate:
     plus Horovod's own coordination, the calibration's rate with every rank computing times
     ``step_time_s``; 0
     uncalibrated or on one machine), kept apart from the model's ``bytes_per_machine_per_step``.
+    ``link_floor_s``: the seconds the step's bytes need across a machine's link at the pace
+    the calibration read it to sustain (0 without one); ``comm_time_s`` is never below it
+    (:attr:`link_bound` when it sets it).
     ``examples_per_s = workers * batch_size / step_time_s``. ``speedup_vs_ar`` /
     ``speedup_vs_ps`` = step time of all-AR / all-PS divided by this step time (> 1: this
     choice is faster). ``variables`` and ``methods`` are aligned: each variable's costs and
@@ -550,6 +553,13 @@ class Estimate:
     collective_calls_per_step: int = 0
     link: LinkBytes | None = field(default=None, repr=False)
     explanations: tuple[str, ...] = field(default=(), repr=False)
+    link_floor_s: float = 0.0
+
+    @property
+    def link_bound(self) -> bool:
+        """The step's communication is the time its bytes need at the pace the calibration read
+        its link to sustain (``link_floor_s``), not its calls' time (:func:`parallax_nb.cost.timing.link_floor_s`)."""
+        return self.link_floor_s > 0 and self.comm_time_s <= self.link_floor_s
 
     @property
     def link_bytes_per_machine_per_step(self) -> float:

@@ -42,6 +42,26 @@ def calibration_2x2(alltoall_cross_latency_s=5e-4, compute_s=None, baseline_comp
                        baseline_compute_time_s={} if baseline_compute_s is None else {"lm_like": baseline_compute_s})
 
 
+def with_link_pace(cal: Calibration, bytes_per_s: float) -> Calibration:
+    """``cal`` with its calls across machines read at 256 B and 4 MiB: their links carrying
+    2.4 KB besides twice the payload that crosses (:func:`~parallax_nb.calibration.link_factor`),
+    the largest call timed at the pace of ``bytes_per_s`` each way
+    (:attr:`Calibration.link_bytes_per_s`). Only the points change; the fits price the calls."""
+    from parallax_nb.calibration import fit_link, link_factor
+
+    large = 4 << 20
+    fits, links = dict(cal.fits), {}
+    for key, fit in cal.fits.items():
+        op, scope = key.split("/")
+        if scope == "machine":
+            continue
+        carried = [2400.0 + 2.0 * link_factor(op, scope, cal.machines, cal.workers_per_machine, b) * b
+                   for b in (256, large)]
+        fits[key] = replace(fit, points=((256, fit.time_s(256)), (large, carried[1] / 2.0 / bytes_per_s)))
+        links[key] = fit_link([(256, carried[0], 30.0), (large, carried[1], 3000.0)])
+    return replace(cal, fits=fits, link_fits=links)
+
+
 # ----------------------------------------------------------------------------- AUTO's explanations
 
 
@@ -120,6 +140,84 @@ def test_auto_takes_a_whole_model_plan_when_that_is_estimated_faster():
         auto = estimate(prof, make_plan(prof, cluster, "auto", local_aggregation=aggregated)).step_time_s
         for arch in OTHERS:
             assert auto <= estimate(prof, make_plan(prof, cluster, arch)).step_time_s * (1 + 1e-12)
+
+
+def test_a_step_is_held_to_the_pace_its_link_was_read_to_sustain():
+    """The calls' fits are each read with the link to themselves; a step's bytes share it. On a
+    link read at 100 kB/s each way the LM's step needs its bytes' time, whatever its calls cost;
+    at 1 GB/s its calls set it as before; uncalibrated there is no floor."""
+    prof = lm_profile()
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    plain = calibration_2x2(compute_s=0.05)
+    slow, fast = with_link_pace(plain, 1e5), with_link_pace(plain, 1e9)
+    assert slow.link_bytes_per_s == pytest.approx(1e5) and fast.link_bytes_per_s == pytest.approx(1e9)
+    for arch in OTHERS:
+        plan = make_plan(prof, cluster, arch)
+        calls = estimate(prof, plan, calibration=plain)
+        held = estimate(prof, plan, calibration=slow)
+        each_way = held.bytes_per_machine_per_step * slow.payload_framing_factor / 2
+        assert held.link_bound and held.link_floor_s == pytest.approx(each_way / 1e5)
+        assert held.comm_time_s == pytest.approx(held.link_floor_s) and held.comm_time_s > calls.comm_time_s
+        assert held.step_time_s == pytest.approx(0.05 + held.link_floor_s)
+        assert "link-bound: " in held.calibration and "its calls' " in held.calibration
+        free = estimate(prof, plan, calibration=fast)
+        assert not free.link_bound and 0 < free.link_floor_s < free.comm_time_s
+        assert free.comm_time_s == pytest.approx(calls.comm_time_s) and "link-bound" not in free.calibration
+        assert estimate(prof, plan).link_floor_s == 0 and not estimate(prof, plan).link_bound
+    one_machine = ClusterSpec.create(1, 4, "1Gbit/s")
+    assert estimate(prof, make_plan(prof, one_machine, "ar")).link_floor_s == 0
+
+
+@pytest.mark.parametrize("pace", [5e7, 1e8, 1e9])
+def test_auto_is_the_least_step_time_of_every_assignment_on_a_paced_link(pace):
+    """Brute force, as above, under a calibration whose link pace holds some plans and not
+    others: AUTO's candidates (the plan of fewest bytes among them) still find the least."""
+    prof = lm_profile()
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    cal = with_link_pace(calibration_2x2(compute_s=0.05), pace)
+    auto = estimate(prof, make_plan(prof, cluster, "auto", calibration=cal), calibration=cal).step_time_s
+    best, bound = float("inf"), set()
+    for aggregated in (True, False):
+        base = make_plan(prof, cluster, "ar", local_aggregation=aggregated)
+        for methods in itertools.product(Method, repeat=len(prof.variables)):
+            est = estimate(prof, base.with_methods(dict(zip(prof.names, methods))), calibration=cal)
+            best = min(best, est.step_time_s)
+            bound.add(est.link_bound)
+    assert auto == pytest.approx(best, rel=1e-12)
+    # 50 MB/s holds every plan, 100 MB/s some (37 of the 128 here), 1 GB/s none
+    assert bound == ({True} if pace < 1e8 else {True, False} if pace < 1e9 else {False}), bound
+
+
+def test_where_the_floor_binds_auto_is_near_the_least_not_exact():
+    """A step held to its link is the larger of two sums (its calls, its bytes' time), so the
+    least plan may balance the two with any mix of methods. AUTO prices its candidates whole;
+    with 5 ms alltoalls across machines and a 100 MB/s link the brute force finds a plan whose
+    step AUTO's exceeds by 6.6 % (92.5 against 98.6 ms)."""
+    prof = lm_profile()
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    cal = with_link_pace(calibration_2x2(alltoall_cross_latency_s=5e-3, compute_s=0.05), 1e8)
+    auto = estimate(prof, make_plan(prof, cluster, "auto", calibration=cal), calibration=cal).step_time_s
+    best = min(estimate(prof, make_plan(prof, cluster, "ar", local_aggregation=aggregated)
+                        .with_methods(dict(zip(prof.names, methods))), calibration=cal).step_time_s
+               for aggregated in (True, False) for methods in itertools.product(Method, repeat=len(prof.variables)))
+    assert best < auto <= best * 1.07
+
+
+def test_the_report_marks_the_communication_the_links_pace_sets():
+    from parallax_nb.report import report
+
+    prof = lm_profile()
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    cal = with_link_pace(calibration_2x2(compute_s=0.05), 1e6)
+    plan = make_plan(prof, cluster, "auto", calibration=cal)
+    page = report(prof, plan, calibration=cal)
+    assert page.to_dict()["plan"]["link_floor_s"] > 0
+    html = page.html()
+    assert html.count(" (link)</td>") >= 4 and "pace the calibration read the link to sustain" in html
+    assert any(line.startswith("link-bound: the step's bytes need ") for line in plan.explanations)
+    calm = report(prof, make_plan(prof, cluster, "auto", calibration=calibration_2x2(compute_s=0.05)),
+                  calibration=calibration_2x2(compute_s=0.05)).html()
+    assert " (link)</td>" not in calm
 
 
 # ----------------------------------------------------------------------------- the widget

@@ -218,6 +218,29 @@ def test_link_fit_takes_the_slope_from_the_largest_calls_and_the_overhead_from_t
         fit_link([(256, float("nan")), (4096, 1.0)])
 
 
+def test_the_links_pace_is_read_from_the_largest_calls_that_cross_machines():
+    """Per op and scope across machines: the largest timed call's link bytes, halved (received
+    + sent), over its time; the median over them. Inside a machine, on one machine, and
+    without link points there is no pace."""
+    from parallax_nb.calibration import fit_link
+
+    def fitted(largest_link_bytes, largest_s):
+        timed = CollectiveFit(1e-3, 1e8, points=((256, 1e-3), (4 << 20, largest_s)))
+        return timed, fit_link([(256, 3000.0, 4.0), (4 << 20, largest_link_bytes, 3000.0)])
+
+    # each way: 8 MiB in 0.5 s (16,777,216 B/s), 4 MiB in 0.5 s (8,388,608), 6 MiB in 0.25 s (25,165,824)
+    keys = {"alltoall/cross": fitted(16 << 20, 0.5), "allreduce/all": fitted(8 << 20, 0.5),
+            "allgather/all": fitted(12 << 20, 0.25), "alltoall/machine": fitted(1 << 30, 0.001)}
+    cal = Calibration(2, 2, {k: t for k, (t, _) in keys.items()}, link_fits={k: f for k, (_, f) in keys.items()})
+    assert cal.link_bytes_per_s == pytest.approx(16777216.0)
+    assert Calibration(1, 2, {k: t for k, (t, _) in keys.items()}).link_bytes_per_s is None
+    no_points = {k: CollectiveFit(1e-3, 1e8) for k in keys}
+    assert Calibration(2, 2, no_points, link_fits={k: f for k, (_, f) in keys.items()}).link_bytes_per_s is None
+    assert measured().link_bytes_per_s is None   # its fits keep no timed calls
+    back = Calibration.from_json(cal.to_json())
+    assert back.link_bytes_per_s == pytest.approx(16777216.0)
+
+
 def test_combine_fits_the_machines_mean_link_per_call():
     """px.calibrate's combine: per op and scope, the mean over the machines' link readings at
     each size (the other ranks read none), then fit_link; one host gives none."""

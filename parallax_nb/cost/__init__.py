@@ -30,6 +30,10 @@ ASSUMPTIONS = (
     "operation and scope by a calibration of the cluster (px.calibrate); without one, defaults from the link's "
     "bandwidth and latency (per call 200 µs + message rounds x latency; bandwidth shared by the machine's ranks "
     "by each algorithm's factor) and the estimate says 'uncalibrated'.",
+    "A step's communication is never less than its bytes need at the pace the calibration read a machine's link "
+    "to sustain (its largest timed calls across machines: link bytes each way over their time): the calls' fits "
+    "were each read with the link to itself, a step's calls share it. Uncalibrated, on one machine, or with a "
+    "calibration that read no link, there is no such floor.",
     "Compute time is the calibration's compute of this model measured on every rank at once under the real "
     "placement; uncalibrated, the profiled single-device step time, which does not change with N or with "
     "ranks sharing a device.",
@@ -68,7 +72,7 @@ ASSUMPTIONS = (
     "has its own); dense PS 2·(n−1) per variable.",
     "AUTO minimises the estimated step time: per variable AR or PS, and local aggregation on or off (both "
     "evaluated, the faster taken); it is never estimated slower than AR, PS or HYBRID, and says why for "
-    "each decision.",
+    "each decision. Where the link's pace can hold a step, the plan of fewest bytes is among its candidates.",
     "Apart from that rule, partitions do not change bytes or calls in the model (rows spread evenly over the "
     "owners), so AUTO leaves them at one per worker; the runtime's partition search measures their effect.",
     "α was measured on the profiled batches; other batches may be more or less sparse.",

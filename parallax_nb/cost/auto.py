@@ -16,6 +16,10 @@ the sparse ones, or both kept off their shared calls (PS), paying none. Then:
 * it compares itself with the whole-model plans AR, PS and HYBRID at that setting and takes
   one of them if its own estimate calls it faster (it cannot be, under this model, but the
   check is what the promise rests on), saying so;
+* where the calibration read the link's pace, a step is never charged less than its bytes
+  need at it (:func:`.timing.link_floor_s`), so the plan that moves the fewest bytes (each
+  variable its method of fewer bytes) is a candidate too, and the per-variable choice is no
+  longer exact: the least of the candidates, each priced whole;
 * partitions are left to the partition rule (one per worker): the model spreads rows evenly
   over the owners, so under it the partition count changes neither bytes nor calls, and
   there is nothing to choose; the runtime's partition search measures it instead.
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile
 from .pricing import pricing
-from .timing import fused_seconds_per_byte, step_communication
+from .timing import fused_seconds_per_byte, link_floor_s, step_communication
 
 
 @dataclass(frozen=True)
@@ -61,28 +65,60 @@ def _variable_times(priced) -> tuple[list[float], list[float]]:
             [t.time_s + t.fused_bytes * per_byte for t in ps_times])
 
 
-def _best_methods(priced) -> list[Method]:
-    ar, ps = _variable_times(priced)
-    free = [Method.PS if p < a else Method.AR for a, p in zip(ar, ps)]
+def _lesser(priced, ar: list[float], ps: list[float]) -> list[Method]:
+    """Per variable the method of the lesser figure (``ar``/``ps``, profile order; ties: AR),
+    variables looked up together taking the one lesser for them together."""
+    methods = [Method.PS if p < a else Method.AR for a, p in zip(ar, ps)]
     for first, others in priced.lookup_groups.items():   # one method for a lookup made together
         group = [first, *others]
         together = Method.PS if sum(ps[i] for i in group) < sum(ar[i] for i in group) else Method.AR
         for i in group:
-            free[i] = together
+            methods[i] = together
+    return methods
+
+
+def _best_methods(priced) -> list[Method]:
+    free = _lesser(priced, *_variable_times(priced))
     grouped = [t.group is not None for t in priced.times(Method.AR.value)]
     off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
     off_grouped = [Method.PS if g else m for g, m in zip(grouped, free)]
     off_both = [Method.PS if g else m for g, m in zip(grouped, off_fused)]
     candidates = [free] + [m for m in (off_fused, off_grouped, off_both) if m != free]
+    if priced.calibration.link_bytes_per_s and priced.cluster.machines > 1:
+        # where the link's pace can hold the step, the plan that moves the least may be the fastest
+        least_bytes = _lesser(priced, priced.column(Method.AR.value).bytes, priced.column(Method.PS.value).bytes)
+        if least_bytes not in candidates:
+            candidates.append(least_bytes)
     if len(candidates) == 1:
         return free
     return min(candidates, key=lambda methods: _comm(priced, methods))
 
 
-def _comm(priced, methods) -> float:
+def _comm_parts(priced, methods) -> tuple[float, float]:
+    """(seconds of the calls ``methods`` issue per step, seconds the step's bytes need at the
+    link's pace: :func:`.timing.link_floor_s`, 0 without one)."""
     ar, ps = priced.times(Method.AR.value), priced.times(Method.PS.value)
     times = [a if m is Method.AR else p for a, p, m in zip(ar, ps, methods)]
-    return step_communication(times, priced.calibration).comm_time_s
+    calls = step_communication(times, priced.calibration).comm_time_s
+    if priced.cluster.machines == 1 or not priced.calibration.link_bytes_per_s:
+        return calls, 0.0
+    keys = priced.charged_keys("auto", methods)
+    payload = sum(priced.column(key).bytes[i] for i, key in enumerate(keys))
+    return calls, link_floor_s(payload, priced.calibration)
+
+
+def _comm(priced, methods) -> float:
+    """The step's communication under ``methods``, as :class:`.pricing.Pricing` totals it."""
+    return max(_comm_parts(priced, methods))
+
+
+def _link_bound(priced, methods) -> str:
+    """The explanation of a step the link's pace holds, "" when its calls set its time."""
+    calls, floor = _comm_parts(priced, methods)
+    if floor <= calls:
+        return ""
+    return (f"link-bound: the step's bytes need {duration(floor)} across a machine's link at the pace the "
+            f"calibration read, its calls {duration(calls)}; the variables' figures above are their calls'")
 
 
 def _explain_variables(priced, methods) -> list[str]:
@@ -155,4 +191,7 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
     explanations.extend(_explain_variables(priced, methods))
     if taken is not None:
         explanations.append(taken)
+    bound = _link_bound(priced, methods)
+    if bound:
+        explanations.append(bound)
     return AutoChoice(tuple(methods), priced.cluster, comm, tuple(explanations))

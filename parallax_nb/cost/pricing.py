@@ -16,13 +16,13 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost,
-                     partitions_served, row_owners)
+                     format_bytes, partitions_served, row_owners)
 from .choice import choose_method
 from .methods import ps_sparse_alone, step_allgathers, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import (CallTime, calibration_for, call_time, compute_time_s, distinct_groups, own_calls, payload_shares,
-                     rides_fused_allreduce, time_basis, with_fused_call)
+from .timing import (CallTime, calibration_for, call_time, compute_time_s, distinct_groups, link_floor_s, own_calls,
+                     payload_shares, rides_fused_allreduce, time_basis, with_fused_call)
 
 #: the charged-cost key of a PS variable looked up together with one it is not served with: the
 #: other is not on PS, or their partitions give some row id other owners (:meth:`Pricing.charged_keys`)
@@ -203,8 +203,15 @@ class Pricing:
         messages += sum(g.rounds for g in groups)
         comm = with_fused_call(sum(picked.values("time")), sum(picked.values("latency")), sum(picked.values("calls")),
                                sum(picked.values("fused_bytes")), self.calibration, groups)
+        floor = link_floor_s(total, self.calibration) if cluster.machines > 1 else 0.0
+        comm_s = max(comm.comm_time_s, floor)
         compute = compute_time_s(profile, self.calibration, label)
-        step = compute + comm.comm_time_s
+        step = compute + comm_s
+        basis = time_basis(profile, self.calibration, label)
+        if floor > comm.comm_time_s:
+            basis += (f"; link-bound: {format_bytes(total * (self.calibration.payload_framing_factor or 1.0) / 2)} "
+                      f"each way at the {format_bytes(self.calibration.link_bytes_per_s)}/s its link sustained, "
+                      f"{floor * 1e3:.3g} ms against its calls' {comm.comm_time_s * 1e3:.3g} ms")
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
                                   calls=picked.calls() if cluster.workers > 1 else {},
                                   payload_calls=picked.payload() if cluster.machines > 1 else {})
@@ -213,12 +220,12 @@ class Pricing:
             index_bytes_per_machine_per_step=index, method_bytes_per_machine_per_step=by_method,
             sparse_bytes_per_machine_per_step=sparse,
             dense_bytes_per_machine_per_step=dense, messages_per_step=messages,
-            compute_time_s=compute, transfer_time_s=comm.transfer_time_s, latency_time_s=comm.latency_time_s,
-            comm_time_s=comm.comm_time_s, step_time_s=step,
+            compute_time_s=compute, transfer_time_s=comm_s - comm.latency_time_s, latency_time_s=comm.latency_time_s,
+            comm_time_s=comm_s, step_time_s=step,
             examples_per_s=cluster.workers * profile.batch_size / step if step > 0 else float("inf"),
-            variables=tuple(costs), methods=tuple(methods), calibration=time_basis(profile, self.calibration, label),
+            variables=tuple(costs), methods=tuple(methods), calibration=basis,
             collective_calls_per_step=comm.calls, link=link,
-            explanations=tuple(explanations),
+            explanations=tuple(explanations), link_floor_s=floor,
         )
 
     def architecture(self, architecture: Architecture) -> Estimate:

@@ -31,6 +31,13 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   alike, though Horovod fuses some of them into one MPI call (plain Horovod's allgathers of
   a step's sparse gradients: two ``MPI_Allgatherv`` for the recommender's eight calls). The
   link bytes follow the fused call's size (:func:`.methods.horovod_sparse`).
+* **The link's pace.** Each call's fit was read off calls timed apart, each with the link to
+  itself. A step's calls share one machine's link, and on a slow link its bytes cannot cross
+  faster than the link's pace, however few or cheap the calls. The communication is charged
+  at least :func:`link_floor_s`: the step's payload (with the measured framing) each way at
+  :attr:`~parallax_nb.calibration.Calibration.link_bytes_per_s`, the pace the calibration's
+  largest calls across machines read. Without that pace (uncalibrated, one machine, files
+  written before link counters were read) there is no floor.
 * One rank (``W = 1``) issues no collective: the step is compute only.
 """
 from __future__ import annotations
@@ -195,6 +202,18 @@ def with_fused_call(time_s: float, latency_s: float, calls: int, fused_bytes: fl
         latency_s += group.latency_s
         calls += group.calls
     return StepTime(time_s, latency_s, calls)
+
+
+def link_floor_s(payload_bytes: float, calibration: Calibration) -> float:
+    """Seconds ``payload_bytes`` per machine per step (received + sent, the cost model's bytes)
+    need across a machine's link at the pace the calibration read it to sustain: the payload
+    with its measured framing, halved to one direction, over
+    :attr:`~parallax_nb.calibration.Calibration.link_bytes_per_s`. 0 without a pace."""
+    pace = calibration.link_bytes_per_s
+    if not pace or payload_bytes <= 0:
+        return 0.0
+    framing = calibration.payload_framing_factor or 1.0
+    return payload_bytes * framing / 2.0 / pace
 
 
 def fused_seconds_per_byte(calibration: Calibration) -> float:

@@ -292,7 +292,7 @@ def _cluster_data(cluster: ClusterSpec) -> dict:
 
 _ESTIMATE_FIELDS = ("bytes_per_machine_per_step", "index_bytes_per_machine_per_step", "messages_per_step",
                     "compute_time_s", "transfer_time_s", "latency_time_s", "comm_time_s", "step_time_s",
-                    "examples_per_s", "speedup_vs_ar", "speedup_vs_ps")
+                    "examples_per_s", "speedup_vs_ar", "speedup_vs_ps", "link_floor_s")
 
 
 def _estimate_data(est) -> dict:

@@ -206,6 +206,15 @@ def _variables_table(data: dict) -> str:
             f'<div class="scroll"><table class="variables"><thead>{head}</thead><tbody>{"".join(body)}</tbody><tfoot>{foot}</tfoot></table></div>')
 
 
+def _comm_cell(est: dict) -> str:
+    """The communication of one estimate, marked "(link)" where the link's pace sets it, not its calls."""
+    floor = est.get("link_floor_s") or 0.0
+    if not (floor > 0 and est["comm_time_s"] <= floor * (1 + 1e-9)):
+        return _td(fmt_ms(est["comm_time_s"]), "num")
+    return _td(f"{fmt_ms(est['comm_time_s'])} (link)", "num nowrap",
+               "the step's bytes at the pace the calibration read the link to sustain; its calls alone take less")
+
+
 def _architectures_table(data: dict) -> str:
     head = ("<tr><th>architecture</th><th class=num>bytes / machine / step</th><th class=num>messages / step</th>"
             "<th class=num>transfer</th><th class=num>latency</th><th class=num>est. communication</th>"
@@ -218,7 +227,7 @@ def _architectures_table(data: dict) -> str:
                 + _td(fmt_bytes(est["bytes_per_machine_per_step"]), "num",
                       f"{est['bytes_per_machine_per_step']:.0f} bytes")
                 + _td(_fmt_count(est["messages_per_step"]), "num") + _td(fmt_ms(est["transfer_time_s"]), "num")
-                + _td(fmt_ms(est["latency_time_s"]), "num") + _td(fmt_ms(est["comm_time_s"]), "num")
+                + _td(fmt_ms(est["latency_time_s"]), "num") + _comm_cell(est)
                 + _td(fmt_ms(est["step_time_s"]), "num") + _td(_fmt_count(est["examples_per_s"]), "num")
                 + _td("n/a" if est["speedup_vs_ar"] is None else f"{est['speedup_vs_ar']:.2f}x", "num") + "</tr>")
 
@@ -233,7 +242,9 @@ def _architectures_table(data: dict) -> str:
             f'<tbody>{"".join(rows)}</tbody></table></div>'
             f'<p class="muted">Highlighted: this plan. Communication = the collective calls a step issues, each '
             f'its latency plus the bytes one rank hands to it over the bandwidth '
-            f'({esc(data.get("calibration") or "uncalibrated (defaults)")}); step time = compute time '
+            f'({esc(data.get("calibration") or "uncalibrated (defaults)")}), and never less than the step\'s '
+            f'bytes need at the pace the calibration read the link to sustain (marked "(link)" where that '
+            f'sets it); step time = compute time '
             f'({esc(fmt_ms(plan["compute_time_s"]))}) + communication, without overlap. Messages: the byte '
             f'model\'s message rounds. Sparse-as-dense AR is plain Horovod with sparse_as_dense=True; plain '
             f'Horovod (defaults) allgathers sparse gradients among all ranks with their duplicate rows; TF '
