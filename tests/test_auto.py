@@ -188,6 +188,29 @@ def test_auto_is_the_least_step_time_of_every_assignment_on_a_paced_link(pace):
     assert bound == ({True} if pace < 1e8 else {True, False} if pace < 1e9 else {False}), bound
 
 
+def test_a_variable_slower_by_its_calls_says_the_bytes_it_saves_on_a_paced_link():
+    """Local aggregation off, a link read at 50 MB/s: the tables go PS though their calls take
+    longer there, because AR's bytes would hold the step longer. Each says how many bytes
+    fewer, as the plan with it switched back counts them, and what they take at the pace."""
+    prof = lm_profile()
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s")
+    cal = with_link_pace(calibration_2x2(compute_s=0.05), 5e7)
+    plan = make_plan(prof, cluster, "auto", calibration=cal, local_aggregation=False)
+    lines = dict(line.split(": ", 1) for line in plan.explanations if ": " in line)
+    assert plan.method("embedding") is Method.PS
+    text = lines["embedding"]
+    match = re.fullmatch(r"PS, (.+)/step more than AR by its calls, but ([0-9.]+) MiB/step fewer across a "
+                         r"machine's link, (.+) at the pace the calibration read", text)
+    assert match, text
+    here = estimate(prof, plan, calibration=cal)
+    back = estimate(prof, plan.with_methods({"embedding": Method.AR}), calibration=cal)
+    fewer = back.bytes_per_machine_per_step - here.bytes_per_machine_per_step
+    assert float(match.group(2)) == pytest.approx(fewer / 2**20, abs=0.05)
+    assert seconds(match.group(3)) == pytest.approx(back.link_floor_s - here.link_floor_s, rel=6e-3)
+    assert back.step_time_s > here.step_time_s
+    assert not any("needs no gather" in line for line in plan.explanations)   # none without local aggregation
+
+
 def test_where_the_floor_binds_auto_is_near_the_least_not_exact():
     """A step held to its link is the larger of two sums (its calls, its bytes' time), so the
     least plan may balance the two with any mix of methods. AUTO prices its candidates whole;
@@ -215,6 +238,11 @@ def test_the_report_marks_the_communication_the_links_pace_sets():
     html = page.html()
     assert html.count(" (link)</td>") >= 4 and "pace the calibration read the link to sustain" in html
     assert any(line.startswith("link-bound: the step's bytes need ") for line in plan.explanations)
+    from parallax_nb.widgets.planner_view import render_summary
+
+    planner = make_planner(prof, machines=2, workers_per_machine=2, bandwidth="1Gbit/s", calibration=cal)
+    summary = render_summary(planner)
+    assert "per step, held to the link&#x27;s pace" in summary and "link-bound: " in summary, summary
     calm = report(prof, make_plan(prof, cluster, "auto", calibration=calibration_2x2(compute_s=0.05)),
                   calibration=calibration_2x2(compute_s=0.05)).html()
     assert " (link)</td>" not in calm

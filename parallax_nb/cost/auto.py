@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..types import Architecture, ClusterSpec, Kind, Method, Profile
+from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
 from .pricing import pricing
 from .timing import fused_seconds_per_byte, link_floor_s, step_communication
 
@@ -123,14 +123,21 @@ def _link_bound(priced, methods) -> str:
 
 def _explain_variables(priced, methods) -> list[str]:
     ar, ps = _variable_times(priced)
+    ar_bytes, ps_bytes = list(priced.column(Method.AR.value).bytes), list(priced.column(Method.PS.value).bytes)
     names = [c.name for c in priced.costs]
     group_of: dict[int, list[int]] = {}
     for first, others in priced.lookup_groups.items():
         group = [first, *others]
-        a, p = sum(ar[i] for i in group), sum(ps[i] for i in group)
+        sums = [sum(values[i] for i in group) for values in (ar, ps, ar_bytes, ps_bytes)]
         for i in group:
             group_of[i] = group
-            ar[i], ps[i] = a, p
+            ar[i], ps[i], ar_bytes[i], ps_bytes[i] = sums
+    times = {Method.AR: priced.times(Method.AR.value), Method.PS: priced.times(Method.PS.value)}
+    chosen = [times[m][i] for i, m in enumerate(methods)]
+    fused_ridden = any(t.fused_bytes > 0 for t in chosen)
+    groups_ridden = {t.group.key for t in chosen if t.group is not None}
+    calls, floor = _comm_parts(priced, methods)
+    held = floor > calls
     lines = []
     for i, (cost, method, a, p) in enumerate(zip(priced.costs, methods, ar, ps)):
         other = Method.PS if method is Method.AR else Method.AR
@@ -138,15 +145,32 @@ def _explain_variables(priced, methods) -> list[str]:
         together = ""
         if i in group_of:
             together = f"with {', '.join(names[j] for j in group_of[i] if j != i)} (looked up together), both "
+        head = f"{cost.name}: {method.value.upper()}, {together}"
         if gain > 0:
-            lines.append(f"{cost.name}: {method.value.upper()}, {together}{duration(gain)}/step less than "
-                         f"{other.value.upper()}")
-        elif gain == 0:
-            lines.append(f"{cost.name}: {method.value.upper()}, {together}same time as {other.value.upper()}")
-        else:   # only a variable kept off the calls it would share, whose latency it saves
-            shared = "fused allreduce" if cost.kind is Kind.DENSE else "gather of the sparse AR variables"
-            lines.append(f"{cost.name}: {method.value.upper()}, {together}{duration(-gain)}/step more than "
-                         f"{other.value.upper()} alone, but the step then needs no {shared}")
+            lines.append(f"{head}{duration(gain)}/step less than {other.value.upper()}")
+            continue
+        if gain == 0:
+            lines.append(f"{head}same time as {other.value.upper()}")
+            continue
+        # slower by its own calls: it keeps the step off a call it would share, or its bytes are fewer
+        would = times[other][i]
+        if would.fused_bytes > 0 and not fused_ridden:
+            lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
+                         f"needs no fused allreduce")
+        elif would.group is not None and would.group.key not in groups_ridden:
+            lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
+                         f"needs no gather of the sparse AR variables")
+        else:
+            fewer = (ar_bytes[i] - ps_bytes[i]) if method is Method.PS else (ps_bytes[i] - ar_bytes[i])
+            slower = f"{head}{duration(-gain)}/step more than {other.value.upper()} by its calls, "
+            if fewer > 0:
+                lines.append(f"{slower}but {format_bytes(fewer)}/step fewer across a machine's link, "
+                             f"{duration(link_floor_s(fewer, priced.calibration))} at the pace the calibration read")
+            elif held:
+                lines.append(f"{slower}which the step, held to the link's pace, does not wait for")
+            else:
+                lines.append(f"{slower}the least of AUTO's candidates, which are not exhaustive where the "
+                             f"link's pace can hold the step")
     return lines
 
 

@@ -59,7 +59,9 @@ def render_summary(planner: Planner) -> str:
     # what the times rest on (a calibration's place and date, the compute's source) goes under
     # the cards: in the step time's note it made that card, and so the row, eight lines tall
     return style.cards([
-        style.card("communication", _ms(planner.comm_time_s), "estimated per step", css_class="parallax-comm"),
+        style.card("communication", _ms(planner.comm_time_s),
+                   "per step, held to the link's pace" if est.link_bound else "estimated per step",
+                   css_class="parallax-comm"),
         style.card("step time", _ms(planner.step_time_s),
                    f"compute {_ms(max(planner.step_time_s - planner.comm_time_s, 0.0))} + communication",
                    css_class="parallax-step"),
