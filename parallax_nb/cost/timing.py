@@ -32,8 +32,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   a step's sparse gradients: two ``MPI_Allgatherv`` for the recommender's eight calls). The
   link bytes follow the fused call's size (:func:`.methods.horovod_sparse`).
 * **The link's pace.** Each call's fit was read off calls timed apart, each with the link to
-  itself. A step's calls share one machine's link, and on a slow link its bytes cannot cross
-  faster than the link's pace, however few or cheap the calls. The communication is charged
+  itself. A step's calls share one machine's link, and on a slow link its bytes cross no
+  faster than the link's pace, however few or cheap the calls (a step of many small flows at
+  once can beat that pace: :attr:`~parallax_nb.calibration.Calibration.link_bytes_per_s`). The communication is charged
   at least :func:`link_floor_s`: the step's payload (with the measured framing) each way at
   :attr:`~parallax_nb.calibration.Calibration.link_bytes_per_s`, the pace the calibration's
   largest calls across machines read. Without that pace (uncalibrated, one machine, files
