@@ -22,9 +22,9 @@ OTHERS = (Architecture.AR, Architecture.PS, Architecture.HYBRID)
 
 
 def seconds(text: str) -> float:
-    """``"3.1 ms"`` / ``"42 µs"`` -> seconds."""
-    number, unit = re.fullmatch(r"([0-9.e+-]+) (ms|µs)", text).groups()
-    return float(number) * (1e-3 if unit == "ms" else 1e-6)
+    """``"2.86 s"`` / ``"3.1 ms"`` / ``"42 µs"`` -> seconds."""
+    number, unit = re.fullmatch(r"([0-9.]+) (s|ms|µs)", text).groups()
+    return float(number) * {"s": 1.0, "ms": 1e-3, "µs": 1e-6}[unit]
 
 
 def calibration_2x2(alltoall_cross_latency_s=5e-4, compute_s=None, baseline_compute_s=None) -> Calibration:
@@ -237,7 +237,8 @@ def test_the_report_marks_the_communication_the_links_pace_sets():
     assert page.to_dict()["plan"]["link_floor_s"] > 0
     html = page.html()
     assert html.count(" (link)</td>") >= 4 and "pace the calibration read the link to sustain" in html
-    assert any(line.startswith("link-bound: the step's bytes need ") for line in plan.explanations)
+    bound = [line for line in plan.explanations if line.startswith("link-bound: the step's bytes need ")]
+    assert bound and re.search(r"need [0-9.]+ s across", bound[0]), bound   # 2.86 s, not 2.86e+03 ms
     from parallax_nb.widgets.planner_view import render_summary
 
     planner = make_planner(prof, machines=2, workers_per_machine=2, bandwidth="1Gbit/s", calibration=cal)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
 from .pricing import pricing
-from .timing import fused_seconds_per_byte, link_floor_s, step_communication
+from .timing import duration, fused_seconds_per_byte, link_floor_s, step_communication
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,6 @@ class AutoChoice:
     cluster: ClusterSpec
     comm_time_s: float
     explanations: tuple[str, ...]
-
-
-def duration(seconds: float) -> str:
-    """``"3.1 ms"`` or ``"42 µs"``: a difference of step times, readable."""
-    seconds = abs(seconds)
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} µs"
 
 
 def _variable_times(priced) -> tuple[list[float], list[float]]:

@@ -21,8 +21,8 @@ from .choice import choose_method
 from .methods import ps_sparse_alone, step_allgathers, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
-from .timing import (CallTime, calibration_for, call_time, compute_time_s, distinct_groups, link_floor_s, own_calls,
-                     payload_shares, rides_fused_allreduce, time_basis, with_fused_call)
+from .timing import (CallTime, calibration_for, call_time, compute_time_s, distinct_groups, duration, link_floor_s,
+                     own_calls, payload_shares, rides_fused_allreduce, time_basis, with_fused_call)
 
 #: the charged-cost key of a PS variable looked up together with one it is not served with: the
 #: other is not on PS, or their partitions give some row id other owners (:meth:`Pricing.charged_keys`)
@@ -211,7 +211,7 @@ class Pricing:
         if floor > comm.comm_time_s:
             basis += (f"; link-bound: {format_bytes(total * (self.calibration.payload_framing_factor or 1.0) / 2)} "
                       f"each way at the {format_bytes(self.calibration.link_bytes_per_s)}/s its link sustained, "
-                      f"{floor * 1e3:.3g} ms against its calls' {comm.comm_time_s * 1e3:.3g} ms")
+                      f"{duration(floor)} against its calls' {duration(comm.comm_time_s)}")
         link = predict_link_bytes(total, step, self.calibration if cluster.machines > 1 else None,
                                   calls=picked.calls() if cluster.workers > 1 else {},
                                   payload_calls=picked.payload() if cluster.machines > 1 else {})

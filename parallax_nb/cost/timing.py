@@ -205,6 +205,16 @@ def with_fused_call(time_s: float, latency_s: float, calls: int, fused_bytes: fl
     return StepTime(time_s, latency_s, calls)
 
 
+def duration(seconds: float) -> str:
+    """``"2.86 s"``, ``"3.1 ms"`` or ``"42 µs"``: a step's time or a difference of two, readable."""
+    seconds = abs(seconds)
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
+
+
 def link_floor_s(payload_bytes: float, calibration: Calibration) -> float:
     """Seconds ``payload_bytes`` per machine per step (received + sent, the cost model's bytes)
     need across a machine's link at the pace the calibration read it to sustain: the payload
