@@ -86,6 +86,13 @@ def test_each_variable_says_how_much_time_its_method_saves():
     assert lines["softmax_w"].startswith("PS, ")     # the example of the issue, on a 25.6 MB table
 
 
+def test_durations_read_in_the_unit_they_round_to():
+    from parallax_nb.cost.timing import duration
+
+    assert [duration(x) for x in (2.86, 0.9996, 0.9994, 3.1e-3, 0.0009996, 4.2e-5, 0.0, -0.5)] == [
+        "2.86 s", "1 s", "999 ms", "3.1 ms", "1 ms", "42 µs", "0 µs", "500 ms"]
+
+
 def test_explanations_travel_with_the_plan_estimate_and_planner():
     prof = lm_profile()
     planner = make_planner(prof, machines=8, workers_per_machine=2, bandwidth="10Gbit/s")

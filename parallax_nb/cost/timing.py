@@ -208,10 +208,9 @@ def with_fused_call(time_s: float, latency_s: float, calls: int, fused_bytes: fl
 def duration(seconds: float) -> str:
     """``"2.86 s"``, ``"3.1 ms"`` or ``"42 µs"``: a step's time or a difference of two, readable."""
     seconds = abs(seconds)
-    if seconds >= 1.0:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms")):
+        if seconds >= scale * 0.9995:   # what rounds to 1 of this unit at 3 digits: "1 s", not "1e+03 ms"
+            return f"{seconds / scale:.3g} {unit}"
     return f"{seconds * 1e6:.3g} µs"
 
 
