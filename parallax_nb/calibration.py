@@ -425,7 +425,7 @@ class Calibration:
         its calls (:func:`.cost.timing.link_floor_s`). Read off the largest calls because there
         the payload, not the per-call start, sets the time. The median, not the fastest op nor
         the link's stated bandwidth: on the emulated 2 x 2 network (2026-11-29) this pace read
-        69-73 % of the bandwidth, and the LM's steps streamed near it at 100 Mbit/s (with this pace
+        68-74 % of the bandwidth, and the LM's steps streamed near it at 100 Mbit/s (with this pace
         their predictions were within 0.6-10.7 %, with the bandwidth 23-47 % short). A step of
         many small flows at once can beat it: the recommender's plain Horovod carried 12.1-12.3
         MB/s each way at 100 Mbit/s against a pace read at 8.6-9.1, and ran 28.6-30.9 % faster
