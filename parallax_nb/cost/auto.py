@@ -104,16 +104,17 @@ def _comm(priced, methods) -> float:
     return max(_comm_parts(priced, methods))
 
 
-def _link_bound(priced, methods) -> str:
-    """The explanation of a step the link's pace holds, "" when its calls set its time."""
-    calls, floor = _comm_parts(priced, methods)
+def _link_bound(calls: float, floor: float) -> str:
+    """The explanation of a step the link's pace holds (``calls``, ``floor``: :func:`_comm_parts`),
+    "" when its calls set its time."""
     if floor <= calls:
         return ""
     return (f"link-bound: the step's bytes need {duration(floor)} across a machine's link at the pace the "
             f"calibration read, its calls {duration(calls)}; the variables' figures above are their calls'")
 
 
-def _explain_variables(priced, methods) -> list[str]:
+def _explain_variables(priced, methods, held: bool) -> list[str]:
+    """One line per variable; ``held``: the step is link-bound (:func:`_link_bound`)."""
     ar, ps = _variable_times(priced)
     ar_bytes, ps_bytes = list(priced.column(Method.AR.value).bytes), list(priced.column(Method.PS.value).bytes)
     names = [c.name for c in priced.costs]
@@ -128,8 +129,6 @@ def _explain_variables(priced, methods) -> list[str]:
     chosen = [times[m][i] for i, m in enumerate(methods)]
     fused_ridden = any(t.fused_bytes > 0 for t in chosen)
     groups_ridden = {t.group.key for t in chosen if t.group is not None}
-    calls, floor = _comm_parts(priced, methods)
-    held = floor > calls
     lines = []
     for i, (cost, method, a, p) in enumerate(zip(priced.costs, methods, ar, ps)):
         other = Method.PS if method is Method.AR else Method.AR
@@ -204,10 +203,11 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
             taken = (f"AUTO takes {architecture.value.upper()}'s plan: {duration(comm - whole_comm)}/step less "
                      f"than its per-variable choice")
             comm, methods = whole_comm, whole
-    explanations.extend(_explain_variables(priced, methods))
+    calls, floor = _comm_parts(priced, methods)
+    explanations.extend(_explain_variables(priced, methods, held=floor > calls))
     if taken is not None:
         explanations.append(taken)
-    bound = _link_bound(priced, methods)
+    bound = _link_bound(calls, floor)
     if bound:
         explanations.append(bound)
     return AutoChoice(tuple(methods), priced.cluster, comm, tuple(explanations))
