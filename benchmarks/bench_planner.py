@@ -8,8 +8,8 @@ estimated step time: the time-optimal replan) and ``Planner.set`` (what the plan
 recomputes on every change: the plan, its estimate, AR/PS/HYBRID/AUTO and the baselines).
 AUTO's replan is timed twice: priced by the defaults (no link pace), and by a calibration that
 read its links' pace (each spec's defaults with its calls across machines read at 70 % of the
-bandwidth), where AUTO also sweeps the plans that balance calls against bytes
-(:func:`parallax_nb.cost.auto._balanced`). Prints the median (and p90) over the repeats;
+bandwidth), where AUTO also prices the plan of fewest bytes (:mod:`parallax_nb.cost.auto`).
+Prints the median (and p90) over the repeats;
 ``--json PATH`` writes them.
 
     python benchmarks/bench_planner.py [--variables 1000] [--repeats 50] [--json out.json]

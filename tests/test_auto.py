@@ -218,38 +218,19 @@ def test_a_variable_slower_by_its_calls_says_the_bytes_it_saves_on_a_paced_link(
     assert not any("needs no gather" in line for line in plan.explanations)   # none without local aggregation
 
 
-def least_of_every_assignment(prof, cluster, cal) -> float:
-    """The least estimated step of the 2^n method assignments x local aggregation on/off."""
-    return min(estimate(prof, make_plan(prof, cluster, "ar", local_aggregation=aggregated)
-                        .with_methods(dict(zip(prof.names, methods))), calibration=cal).step_time_s
-               for aggregated in (True, False) for methods in itertools.product(Method, repeat=len(prof.variables)))
-
-
-def test_where_the_floor_binds_auto_balances_calls_against_bytes():
-    """A step held to its link is the larger of two sums (its calls, its bytes' time), so its
-    least plan may mix methods to balance the two. With 5 ms alltoalls across machines and a
-    100 MB/s link AUTO finds the brute force's least, 92.5 ms (its candidates before the sweep
-    of balanced plans, the per-variable choice and the plan of fewest bytes, gave 98.6 ms).
-    Over 60 random calibrations (alltoall latency across machines 32 us to 10 ms, link pace 3 to
-    3,000 MB/s) it is the least in 59 and 3.9 % above it in the other, whose least plan is two
-    variables' changes away (before the sweep: 55, and 9.0 % above)."""
-    import random
-
+def test_where_the_floor_binds_auto_is_near_the_least_not_exact():
+    """A step held to its link is the larger of two sums (its calls, its bytes' time), so the
+    least plan may balance the two with any mix of methods. AUTO prices its candidates whole;
+    with 5 ms alltoalls across machines and a 100 MB/s link the brute force finds a plan whose
+    step AUTO's exceeds by 6.6 % (92.5 against 98.6 ms)."""
     prof = lm_profile()
     cluster = ClusterSpec.create(2, 2, "1Gbit/s")
-
-    def auto_and_least(latency_s, pace):
-        cal = with_link_pace(calibration_2x2(alltoall_cross_latency_s=latency_s, compute_s=0.05), pace)
-        auto = estimate(prof, make_plan(prof, cluster, "auto", calibration=cal), calibration=cal)
-        return auto.step_time_s, least_of_every_assignment(prof, cluster, cal)
-
-    auto, least = auto_and_least(5e-3, 1e8)
-    assert auto == pytest.approx(least, rel=1e-12) and least == pytest.approx(0.0925, abs=5e-5)
-    rng = random.Random(1)
-    gaps = [auto / least - 1 for auto, least in (auto_and_least(10 ** rng.uniform(-4.5, -2), 10 ** rng.uniform(6.5, 9.5))
-                                                 for _ in range(60))]
-    assert min(gaps) > -1e-12   # nothing AUTO finds is below the least of every assignment
-    assert sum(gap < 1e-12 for gap in gaps) >= 58 and max(gaps) < 0.05, sorted(gaps)[-3:]
+    cal = with_link_pace(calibration_2x2(alltoall_cross_latency_s=5e-3, compute_s=0.05), 1e8)
+    auto = estimate(prof, make_plan(prof, cluster, "auto", calibration=cal), calibration=cal).step_time_s
+    best = min(estimate(prof, make_plan(prof, cluster, "ar", local_aggregation=aggregated)
+                        .with_methods(dict(zip(prof.names, methods))), calibration=cal).step_time_s
+               for aggregated in (True, False) for methods in itertools.product(Method, repeat=len(prof.variables)))
+    assert best < auto <= best * 1.07
 
 
 def test_the_report_marks_the_communication_the_links_pace_sets():

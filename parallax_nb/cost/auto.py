@@ -17,13 +17,9 @@ the sparse ones, or both kept off their shared calls (PS), paying none. Then:
   one of them if its own estimate calls it faster (it cannot be, under this model, but the
   check is what the promise rests on), saying so;
 * where the calibration read the link's pace, a step is never charged less than its bytes
-  need at it (:func:`.timing.link_floor_s`): the larger of two sums, its calls' and its bytes'
-  time, so the least plan may balance the two with any mix of methods. The candidates then
-  also include, for each of the four cases above, the best plan of a sweep from the fewest
-  bytes to the least calls, improved by single variables' changes (:func:`_balanced`), and
-  AUTO takes the least of the candidates, each priced whole. That is no longer exact: on the
-  LM-shaped test profile it found the least of every assignment in 59 of 60 random
-  calibrations, and came 3.9 % above it in the other (``tests/test_auto.py``);
+  need at it (:func:`.timing.link_floor_s`), so the plan that moves the fewest bytes (each
+  variable its method of fewer bytes) is a candidate too, and the per-variable choice is no
+  longer exact: the least of the candidates, each priced whole;
 * partitions are left to the partition rule (one per worker): the model spreads rows evenly
   over the owners, so under it the partition count changes neither bytes nor calls, and
   there is nothing to choose; the runtime's partition search measures it instead.
@@ -34,15 +30,10 @@ less than AR"``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
 from .pricing import pricing
 from .timing import duration, fused_seconds_per_byte, link_floor_s, step_communication
-
-#: The most passes of :func:`_balanced`'s descent over single variables' changes (each O(n)):
-#: it stops at the first pass that changes nothing
-_DESCENT_PASSES = 4
 
 
 @dataclass(frozen=True)
@@ -81,138 +72,18 @@ def _lesser(priced, ar: list[float], ps: list[float]) -> list[Method]:
 def _best_methods(priced) -> list[Method]:
     free = _lesser(priced, *_variable_times(priced))
     grouped = [t.group is not None for t in priced.times(Method.AR.value)]
-    dense = [c.kind is Kind.DENSE for c in priced.costs]
-    off_fused = [Method.PS if d else m for d, m in zip(dense, free)]
+    off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
     off_grouped = [Method.PS if g else m for g, m in zip(grouped, free)]
     off_both = [Method.PS if g else m for g, m in zip(grouped, off_fused)]
     candidates = [free] + [m for m in (off_fused, off_grouped, off_both) if m != free]
     if priced.calibration.link_bytes_per_s and priced.cluster.machines > 1:
-        # where the link's pace can hold the step, the least plan may balance calls against bytes
-        units = _units(priced)
-        cases = []
-        for forced in ([False] * len(dense), dense, grouped, [d or g for d, g in zip(dense, grouped)]):
-            if forced not in cases:   # without grouped or dense variables some cases are one
-                cases.append(forced)
-        for forced in cases:
-            balanced = _balanced(priced, forced, units)
-            if balanced not in candidates:
-                candidates.append(balanced)
+        # where the link's pace can hold the step, the plan that moves the least may be the fastest
+        least_bytes = _lesser(priced, priced.column(Method.AR.value).bytes, priced.column(Method.PS.value).bytes)
+        if least_bytes not in candidates:
+            candidates.append(least_bytes)
     if len(candidates) == 1:
         return free
     return min(candidates, key=lambda methods: _comm(priced, methods))
-
-
-def _balanced(priced, forced: list[bool], units: list | None = None) -> list[Method]:
-    """The plan of least ``max(calls, floor)`` among those that weigh each variable's call
-    seconds against its bytes' seconds at the link's pace (``w * calls + (1 - w) * floor``, each
-    variable taking its method of the lesser weighted figure), for every weight ``w`` from 0
-    (the fewest bytes) to 1 (the least calls), then improved by single variables' changes while
-    one shortens the step. ``forced``: per variable, kept on PS (off the shared calls it would
-    ride under AR). Variables looked up together move as one (``units``:
-    :func:`_units`, made once per pricing).
-
-    Each variable changes its method at most once as ``w`` grows, so the plans are the
-    ``n + 1`` steps of one sweep over those changes, each priced from the last by one
-    variable's difference: O(n log n), and O(n) per pass of the descent. The step's time is
-    the larger of two sums, so the least plan may still be missed (it can need two variables
-    changed at once); the brute-force tests in ``tests/test_auto.py`` measure by how much."""
-    units = _units(priced) if units is None else units
-    per_byte = link_floor_s(1.0, priced.calibration)
-    ar_t, ps_t = priced.times(Method.AR.value), priced.times(Method.PS.value)
-    fused_latency = (priced.calibration.fit("allreduce", "all").latency_s
-                     if any(t.fused_bytes > 0 for t in (*ar_t, *ps_t)) else 0.0)
-    latency = {g.key: g.latency_s for t in (*ar_t, *ps_t) if t.group is not None for g in (t.group,)}
-    state = {"calls": 0.0, "payload": 0.0, "fused": 0}
-    riding = dict.fromkeys(latency, 0)
-    chosen: list[int] = []   # per unit: 0 AR, 1 PS
-    fixed = [any(forced[i] for i in unit.members) for unit in units]
-    events = []
-
-    def take(unit, side, sign):
-        x, y, fused, keys = unit.sides[side]
-        state["calls"] += sign * x
-        state["payload"] += sign * y
-        state["fused"] += sign * fused
-        for key in keys:
-            riding[key] += sign
-
-    for k, unit in enumerate(units):
-        (xa, ya, _, _), (xp, yp, _, _) = unit.sides
-        dx, dy = xp - xa, (yp - ya) * per_byte
-        if fixed[k]:
-            first = last = 1
-        else:
-            first = 1 if dy < 0 or (dy == 0 and dx < 0) else 0    # w just above 0
-            last = 1 if dx < 0 or (dx == 0 and dy < 0) else 0     # w just below 1
-        chosen.append(first)
-        take(unit, first, 1)
-        if last != first:
-            events.append((dy / (dy - dx), k))
-
-    def step():
-        shared = (fused_latency if state["fused"] > 0 else 0.0) + sum(latency[key] for key, n in riding.items() if n)
-        payload = state["payload"]
-        return max(state["calls"] + shared, payload * per_byte if payload > 0 else 0.0)
-
-    def flip(k):
-        take(units[k], chosen[k], -1)
-        chosen[k] = 1 - chosen[k]
-        take(units[k], chosen[k], 1)
-
-    best, best_at = step(), 0
-    events.sort()
-    for n, (_, k) in enumerate(events, 1):
-        flip(k)
-        now = step()
-        if now < best:
-            best, best_at = now, n
-    for _, k in events[best_at:]:   # back to the best step of the sweep
-        flip(k)
-    for _ in range(_DESCENT_PASSES):   # then each variable's change that shortens the step, while any does
-        shorter = False
-        for k in range(len(units)):
-            if fixed[k]:
-                continue
-            flip(k)
-            now = step()
-            if now < best * (1 - 1e-12):
-                best, shorter = now, True
-            else:
-                flip(k)
-        if not shorter:
-            break
-    methods = [Method.AR] * len(priced.costs)
-    for unit, side in zip(units, chosen):
-        for i in unit.members:
-            methods[i] = Method.PS if side else Method.AR
-    return methods
-
-
-class _Unit(NamedTuple):
-    """Variables that take one method (one, or those looked up together) and, per side (AR,
-    PS), their call seconds, bytes, riders of the fused allreduce and grouped exchanges ridden."""
-
-    members: tuple
-    sides: tuple
-
-
-def _units(priced) -> list[_Unit]:
-    """:func:`_balanced`'s units of ``priced``'s variables, in profile order of their first."""
-    (ar_x, ps_x), in_group = _variable_times(priced), {i for f, o in priced.lookup_groups.items() for i in (f, *o)}
-    ar_y, ps_y = priced.column(Method.AR.value).bytes, priced.column(Method.PS.value).bytes
-    ar_t, ps_t = priced.times(Method.AR.value), priced.times(Method.PS.value)
-    units = []
-    for i, (xa, ya, ta, xp, yp, tp) in enumerate(zip(ar_x, ar_y, ar_t, ps_x, ps_y, ps_t)):
-        if i not in in_group:   # most variables: one each, read directly
-            units.append(_Unit((i,), ((xa, ya, int(ta.fused_bytes > 0), () if ta.group is None else (ta.group.key,)),
-                                      (xp, yp, int(tp.fused_bytes > 0), () if tp.group is None else (tp.group.key,)))))
-    for first, others in priced.lookup_groups.items():
-        at = (first, *others)
-        units.append(_Unit(at, tuple((sum(x[i] for i in at), sum(y[i] for i in at),
-                                      sum(t[i].fused_bytes > 0 for i in at),
-                                      tuple(t[i].group.key for i in at if t[i].group is not None))
-                                     for x, y, t in ((ar_x, ar_y, ar_t), (ps_x, ps_y, ps_t)))))
-    return units
 
 
 def _comm_parts(priced, methods) -> tuple[float, float]:
