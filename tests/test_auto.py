@@ -241,7 +241,7 @@ def test_the_report_marks_the_communication_the_links_pace_sets():
     cal = with_link_pace(calibration_2x2(compute_s=0.05), 1e6)
     plan = make_plan(prof, cluster, "auto", calibration=cal)
     page = report(prof, plan, calibration=cal)
-    assert page.to_dict()["plan"]["link_floor_s"] > 0
+    assert page.to_dict()["plan"]["link_floor_s"] > 0 and page.to_dict()["plan"]["link_bound"] is True
     html = page.html()
     assert html.count(" (link)</td>") >= 4 and "pace the calibration read the link to sustain" in html
     bound = [line for line in plan.explanations if line.startswith("link-bound: the step's bytes need ")]

@@ -297,7 +297,8 @@ _ESTIMATE_FIELDS = ("bytes_per_machine_per_step", "index_bytes_per_machine_per_s
 
 def _estimate_data(est) -> dict:
     """The figures of one :class:`parallax_nb.types.Estimate` (see its docstring for the formulas)."""
-    return {name: _number(getattr(est, name, None)) for name in _ESTIMATE_FIELDS}
+    return {**{name: _number(getattr(est, name, None)) for name in _ESTIMATE_FIELDS},
+            "link_bound": bool(getattr(est, "link_bound", False))}
 
 
 def _variable_data(var, vp, c) -> dict:

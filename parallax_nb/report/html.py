@@ -208,8 +208,7 @@ def _variables_table(data: dict) -> str:
 
 def _comm_cell(est: dict) -> str:
     """The communication of one estimate, marked "(link)" where the link's pace sets it, not its calls."""
-    floor = est.get("link_floor_s") or 0.0
-    if not (floor > 0 and est["comm_time_s"] <= floor * (1 + 1e-9)):
+    if not est.get("link_bound"):   # Estimate.link_bound, as the report's data carries it
         return _td(fmt_ms(est["comm_time_s"]), "num")
     return _td(f"{fmt_ms(est['comm_time_s'])} (link)", "num nowrap",
                "the step's bytes at the pace the calibration read the link to sustain; its calls alone take less")
