@@ -436,13 +436,14 @@ def _row_norm_model():
 
 
 def _zero_row_on_rank_1_at_step_3(shard_index: int, num_shards: int, batch_size: int = 8):
-    """ids below ZERO_ROW, but shard 1's batch of step 3 looks ZERO_ROW up."""
+    """ids below ZERO_ROW, but shard 1's batch of step 3 looks ZERO_ROW up (shard 0's when it
+    is the only one)."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(shard_index)
     ids = rng.integers(0, ZERO_ROW, size=(64, 2)).astype("int32")
-    if shard_index == 1:
+    if shard_index == min(1, num_shards - 1):
         ids[2 * batch_size, 0] = ZERO_ROW
     labels = rng.normal(size=(64, 1)).astype("float32")
     return tf.data.Dataset.from_tensor_slices((ids, labels))
@@ -474,6 +475,7 @@ def _guard_job(case: str):
     return {"inf_data_rank_1": lambda: recommender_with(inf_on_rank_1_at_step_3, name=case),
             "nan_row_gradient_rank_1": nan_row_gradient_job,
             "nan_row_gradient_rank_1_ar": nan_row_gradient_job,
+            "nan_row_gradient_one_rank": nan_row_gradient_job,   # for a launch of one rank
             "labels_width_7": lambda: recommender_with(labels_of_width_7, loss=mean_squared_error, name=case),
             "labels_plain_loss_broadcast": lambda: recommender_with(scalar_labels, loss=squared_error, name=case),
             "features_only": lambda: recommender_with(features_only, name=case),

@@ -50,6 +50,8 @@ def run_case(case: dict) -> dict:
                            for (m, k), calls in trainer.exchange.collectives().items() if calls}}
     if case.get("carried_after"):
         out["carried_after"] = carried_after(trainer, job)
+    if case.get("step_ops"):
+        out["horovod_ops"] = horovod_ops(trainer, job)
     if trainer.rank == 0:
         out["weights"] = result.weights
     return out
@@ -73,6 +75,15 @@ def carried_after(trainer, job) -> list[str] | None:
             seen[op.name] = op
             todo.extend([t.op for t in op.inputs] + list(op.control_inputs))
     return sorted(name for name, op in seen.items() if op.type.startswith("Horovod"))
+
+
+def horovod_ops(trainer, job) -> list[str]:
+    """The type and name of every Horovod op in the traced step."""
+    import tensorflow as tf
+
+    x, y = next(iter(job.dataset(trainer.rank, trainer.ranks)))
+    graph = trainer._step_fn.get_concrete_function(x, y, tf.constant(0.0)).graph
+    return sorted(f"{op.type} {op.name}" for op in graph.get_operations() if op.type.startswith("Horovod"))
 
 
 def _noting_placement(build, into: dict):
@@ -161,6 +172,11 @@ def run_cases(cases: list[dict]) -> list[dict]:
             continue
         if "horovod_process_sets" in case:
             results.append(horovod_process_sets())
+            continue
+        if "guard_cases" in case:   # reliability_cases' guard cases, on these ranks
+            import reliability_cases
+
+            results.append(reliability_cases.guard_cases(**case["guard_cases"]))
             continue
         if case.get("copy_checkpoint"):
             src, dst = case["copy_checkpoint"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 
 import numpy as np
@@ -88,6 +89,49 @@ def two_rank_runs(tmp_path_factory):
     _SWEEPS[2] = sweep, [r[len(cases):-1] for r in per_rank]
     _COMPUTE_AGAINST_STEP[2] = [r[-1] for r in per_rank]
     return cases, [r[:len(cases)] for r in per_rank]
+
+
+@pytest.fixture(scope="module")
+def one_rank_runs(tmp_path_factory):
+    """One rank: PS and HYBRID (one rank owning every partition), then a NaN row gradient
+    and a NaN from the learning rate under PS and HYBRID (reliability_cases' guard cases)."""
+    from parallax_nb.launch import run_on_ranks
+
+    cases = [dict(workload="recommender", architecture="hybrid", optimizer="sgd", steps=STEPS, partitions=2),
+             dict(workload="lm", architecture="ps", optimizer="adam", steps=STEPS, partitions=3),
+             dict(workload="lm", architecture="hybrid", optimizer="sgd", steps=STEPS, partitions=1)]
+    for case in cases:
+        case["step_ops"] = True
+    guards = dict(guard_cases=dict(workdir=str(tmp_path_factory.mktemp("guards")),
+                                   cases=("nan_row_gradient_one_rank", "nan_lr_hybrid", "nan_lr_ps")))
+    start = time.perf_counter()
+    per_rank = run_on_ranks(runtime_cases.run_cases, 1, args=(cases + [guards],), timeout_s=900)
+    print(f"\n1-rank launch of {len(cases) + 1} cases: {time.perf_counter() - start:.1f} s")
+    return cases, per_rank[0][:len(cases)], per_rank[0][-1]
+
+
+def test_one_rank_trains_to_the_single_device_weights_and_issues_no_collective(one_rank_runs):
+    """One rank owns every row: its PS lookups read its own partitions, and the step has no
+    Horovod op at all, as the cost model prices a one-rank step (no collective)."""
+    cases, results, _ = one_rank_runs
+    for case, result in zip(cases, results):
+        worst = _compare(case, result["weights"], 1)
+        print(f"1 rank {_case_id(case)}: max |diff| {worst:.2e}")
+        assert {info["method"] for info in result["variables"].values()} >= {"ps"}, result["variables"]
+        assert result["collectives"] == {} and result["horovod_ops"] == [], (case, result["horovod_ops"])
+
+
+def test_one_rank_still_names_a_nan_row_gradient_and_a_nan_step(one_rank_runs):
+    """Without the row gradients' alltoall the health flags check the table's gradient itself."""
+    *_, guards = one_rank_runs
+    row = guards["nan_row_gradient_one_rank"]
+    assert row["error"] == "NumericError", row
+    assert re.match(r"step 3: a gradient is not finite on rank\(s\) \[0\];", row["message"]), row["message"]
+    assert sorted(row["checkpoints"]) == ["ckpt-00000001", "ckpt-00000002"] and all(row["checkpoints"].values())
+    for case in ("nan_lr_hybrid", "nan_lr_ps"):
+        r = guards[case]
+        assert r["error"] == "NumericError" and re.search(r"step [123]: ", r["message"]), r
+        assert r["checkpoints"] and all(v is True for v in r["checkpoints"].values()), r["checkpoints"]
 
 
 @pytest.fixture(scope="module")

@@ -129,8 +129,11 @@ class GradientExchange:
         gradient but those of the synchronous PS sparse variables, whose partitions' gradients
         are the owners' sums after the backward alltoall; for those, whether the row gradients
         this rank sent were finite (:attr:`.exchanges.sparse_ps.ShardedLookupRouter.sent_finite`).
-        So the collective that carries the flags does not wait for that alltoall."""
+        So the collective that carries the flags does not wait for that alltoall. One rank sends
+        no row gradient (its lookups read its own partitions): every gradient is checked."""
         key = (Method.PS, Kind.SPARSE)
+        if self.wire.ranks == 1:
+            return [g for gs in grads_by_sync for g in gs], []
         grads = [g for sync, gs in zip(self.syncs, grads_by_sync) if sync.key != key for g in gs]
         return grads, list(self.exchanges[key].router.sent_finite)
 
@@ -154,5 +157,8 @@ class GradientExchange:
             exchange.pull()
 
     def collectives(self) -> dict[tuple[Method, Kind], list[Collective]]:
-        """What each exchange issued per step in the last trace."""
+        """What each exchange issued per step in the last trace: nothing on one rank, where every
+        exchange keeps its gradients (the cost model's one-rank step)."""
+        if self.wire.ranks == 1:
+            return {key: [] for key in self.exchanges}
         return {key: exchange.collectives() for key, exchange in self.exchanges.items()}
