@@ -1,5 +1,5 @@
-"""The distributed runtime on real Horovod over Open MPI (2 and 3 ranks), against single-device
-training computed in this process (DESIGN.md §7).
+"""The distributed runtime on real Horovod over Open MPI (1, 2, 3 ranks, and 4 as 2 machines x 2),
+against single-device training computed in this process (DESIGN.md §7).
 
 Cases are grouped into few mpirun launches (module-scoped fixtures): every launch runs a list
 of cases in sequence and returns final weights, shard sizes and run summaries.
