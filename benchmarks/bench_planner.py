@@ -9,8 +9,7 @@ recomputes on every change: the plan, its estimate, AR/PS/HYBRID/AUTO and the ba
 AUTO's replan is timed twice: priced by the defaults (no link pace), and by a calibration that
 read its links' pace (each spec's defaults with its calls across machines read at 70 % of the
 bandwidth), where AUTO also prices the plan of fewest bytes (:mod:`parallax_nb.cost.auto`).
-Prints the median (and p90) over the repeats;
-``--json PATH`` writes them.
+Prints the median (and p90) over the repeats; ``--json PATH`` writes them.
 
     python benchmarks/bench_planner.py [--variables 1000] [--repeats 50] [--json out.json]
 """

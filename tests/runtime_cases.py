@@ -61,10 +61,7 @@ def carried_after(trainer, job) -> list[str] | None:
     """The Horovod ops of the traced step that the allreduce carrying the loss and health
     flags (``px_ar_carried``) waits for, through data or control inputs; None when the step
     has no such allreduce."""
-    import tensorflow as tf
-
-    x, y = next(iter(job.dataset(trainer.rank, trainer.ranks)))
-    graph = trainer._step_fn.get_concrete_function(x, y, tf.constant(0.0)).graph
+    graph = _step_graph(trainer, job)
     carried = [op for op in graph.get_operations() if op.type.startswith("Horovod") and "px_ar_carried" in op.name]
     if not carried:
         return None
@@ -79,11 +76,16 @@ def carried_after(trainer, job) -> list[str] | None:
 
 def horovod_ops(trainer, job) -> list[str]:
     """The type and name of every Horovod op in the traced step."""
+    graph = _step_graph(trainer, job)
+    return sorted(f"{op.type} {op.name}" for op in graph.get_operations() if op.type.startswith("Horovod"))
+
+
+def _step_graph(trainer, job):
+    """The graph of ``trainer``'s traced step, for this rank's first batch of ``job``."""
     import tensorflow as tf
 
     x, y = next(iter(job.dataset(trainer.rank, trainer.ranks)))
-    graph = trainer._step_fn.get_concrete_function(x, y, tf.constant(0.0)).graph
-    return sorted(f"{op.type} {op.name}" for op in graph.get_operations() if op.type.startswith("Horovod"))
+    return trainer._step_fn.get_concrete_function(x, y, tf.constant(0.0)).graph
 
 
 def _noting_placement(build, into: dict):

@@ -267,7 +267,7 @@ class SparsePS(Exchange):
         every machine, after a gather of the machine's ids and with a share of the rows (and
         its reverse) inside the machine."""
         n = self.router.lookups
-        if not n or self.wire.ranks == 1:
+        if not n:
             return []
         h = self.wire.hierarchy
         if h is None or h.G == 1:
