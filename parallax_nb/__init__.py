@@ -53,6 +53,7 @@ _EXPORTS = {
     "PlanError": ("parallax_nb.errors", "PlanError"),
     "SetupError": ("parallax_nb.errors", "SetupError"),
     "DistributedError": ("parallax_nb.errors", "DistributedError"),
+    "RankConnectionError": ("parallax_nb.errors", "RankConnectionError"),
     "CheckpointError": ("parallax_nb.errors", "CheckpointError"),
     "NumericError": ("parallax_nb.errors", "NumericError"),
 }

@@ -104,16 +104,20 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     if hostfile is None:
         check_host_resources(np)
     kwargs = dict(job=job_arg, workers_per_machine=workers_per_machine, link_interface=link_interface)
+    timeout_hint = (f"the calibration's calls (up to 4 MiB a rank) and the job's compute may need longer than "
+                    f"{timeout_s:g} s on this cluster: give it longer (timeout_s= in Python, --timeout on the command "
+                    f"line); echo=True shows the ranks' output as it comes")
     if network is None:
         where = hostfile or "loopback"
         per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=hostfile, timeout_s=timeout_s,
-                                echo=echo, env=env)
+                                echo=echo, env=env, timeout_hint=timeout_hint)
     else:
         where = f"emulated {network.spec}"
         with network:
             kwargs["link_interface"] = _emulated_link(network, workers_per_machine)
             per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=network.hostfile,
-                                    mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo, env=env)
+                                    mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo, env=env,
+                                    timeout_hint=timeout_hint)
     return combine(per_rank, where)
 
 

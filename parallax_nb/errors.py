@@ -43,6 +43,10 @@ class DistributedError(ParallaxError, RuntimeError):
     """A distributed run failed: a rank died, raised, or hung past its step timeout."""
 
 
+class RankConnectionError(DistributedError):
+    """Open MPI could not open a connection between two ranks, and the job did not finish."""
+
+
 class CheckpointError(ParallaxError, RuntimeError):
     """A checkpoint is missing, corrupted, or from another model."""
 

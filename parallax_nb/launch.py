@@ -17,7 +17,10 @@ Failure semantics: a rank that raises writes its traceback to ``error-<rank>.txt
 stderr, then leaves with ``os._exit(1)`` (no atexit hooks that could block in a collective);
 ``mpirun`` notices a rank that exited non-zero and terminates the others (SIGTERM, then
 SIGKILL). The parent waits at most ``timeout_s`` and then kills the whole process group it
-started, so no rank outlives the call.
+started, so no rank outlives the call. A job in which Open MPI reports that one rank could not
+open a TCP connection to another (:func:`mpi_connect_failure`: "Your Open MPI job may now hang
+or fail") and that has not finished :data:`CONNECT_GRACE_S` seconds later is stopped then, with
+an error naming the failed connection, instead of at ``timeout_s``.
 """
 from __future__ import annotations
 
@@ -30,10 +33,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from .devices import YIELD_WHEN_IDLE_MCA, yield_when_idle_args
-from .errors import ConfigError, DistributedError, SetupError
+from .errors import ConfigError, DistributedError, RankConnectionError, SetupError
 from .failures import mpi_rank, read_failures, report_rank_failure
 
 #: Environment variables forwarded to every rank with ``-x`` (needed on remote hosts only;
@@ -125,16 +129,21 @@ def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 class OutputPump(threading.Thread):
     """Reads a child's output so it never blocks on a full pipe; keeps it all, and with
-    ``echo`` copies it to ``sink`` (default stderr) as it comes."""
+    ``echo`` copies it to ``sink`` (default stderr) as it comes. ``watch``: phrases whose
+    first appearance in a line is timed (``seen``: phrase -> ``time.monotonic()``)."""
 
-    def __init__(self, stream, echo: bool, sink=None):
+    def __init__(self, stream, echo: bool, sink=None, watch: Sequence[str] = ()):
         super().__init__(daemon=True)
         self.stream, self.echo, self.sink, self.chunks = stream, echo, sink, []
+        self.watch, self.seen = tuple(watch), {}
 
     def run(self):
         for line in iter(self.stream.readline, b""):
             text = line.decode("utf-8", "replace")
             self.chunks.append(text)
+            for phrase in self.watch:
+                if phrase not in self.seen and phrase in text:
+                    self.seen[phrase] = time.monotonic()
             if self.echo:
                 sink = self.sink or sys.stderr
                 sink.write(text)
@@ -143,6 +152,33 @@ class OutputPump(threading.Thread):
     @property
     def text(self) -> str:
         return "".join(self.chunks)
+
+
+#: Open MPI's warning (btl/tcp) when a rank could not open a TCP connection to another rank.
+#: The job "may now hang or fail"; seen here once, between emulated machines on a loaded host.
+MPI_CONNECT_WARNING = "Open MPI failed to TCP connect to a peer MPI process"
+#: How long a job may go on after :data:`MPI_CONNECT_WARNING` before :func:`run_on_ranks` stops
+#: it (the job seen here hung until its timeout). A job that does go on, and has not finished a
+#: minute later, is stopped too: what it measures or trains ran over a connection that failed.
+CONNECT_GRACE_S = 60.0
+# a field line of that warning, as Open MPI's help system prints it, or as a rank's own output
+# tagged by mpirun ("[1,0]<stdout>:")
+_CONNECT_FIELDS = re.compile(r"^(?:\[\d+,\d+\]<\w+>:)?\s*(Local host|Message|Error):\s*(.+?)\s*$", re.M)
+
+
+def mpi_connect_failure(output: str) -> str | None:
+    """What Open MPI said of a failed TCP connection between ranks, if ``output`` (mpirun's)
+    has its warning: ``"on pxnb0: connect() to 10.213.1.3:1024 failed: Operation now in
+    progress (115)"``; None without one."""
+    at = (output or "").find(MPI_CONNECT_WARNING)
+    if at < 0:
+        return None
+    fields = {}
+    for name, value in _CONNECT_FIELDS.findall(output[at:at + 2000]):
+        fields.setdefault(name, value)
+    where = f"on {fields['Local host']}: " if "Local host" in fields else ""
+    what = ": ".join(fields[k] for k in ("Message", "Error") if k in fields) or "no details given"
+    return where + what
 
 
 _MPI_EXIT = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
@@ -275,15 +311,17 @@ def _tail(text: str, lines: int = 60) -> str:
 
 def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwargs: dict | None = None,
                  timeout_s: float = 600.0, hostfile: str | None = None, env: dict[str, str] | None = None,
-                 echo: bool = False, mpi_args: Sequence[str] = ()) -> list[Any]:
+                 echo: bool = False, mpi_args: Sequence[str] = (),
+                 timeout_hint: str = "a rank may hang in a collective: pass step_timeout_s to train()") -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on each of ``np`` MPI ranks; return the per-rank results.
 
     ``fn`` and its arguments travel with cloudpickle; results come back with pickle (use
     numpy arrays and plain values). Raises :class:`DistributedError` when a rank raises (its
-    rank and traceback in the message), when mpirun fails, or after ``timeout_s`` seconds
-    (then every process started is killed). ``hostfile`` and ``mpi_args`` as in
-    :func:`mpirun_command`; ``env``: variables for the ranks besides this process's
-    environment (exported to the hosts of a hostfile too).
+    rank and traceback in the message), when mpirun fails, :data:`CONNECT_GRACE_S` after Open
+    MPI reported a failed connection between ranks, or after ``timeout_s`` seconds (with
+    ``timeout_hint``, what the caller's user can do about it); every process started is
+    killed. ``hostfile`` and ``mpi_args`` as in :func:`mpirun_command`; ``env``: variables
+    for the ranks besides this process's environment (exported to the hosts of a hostfile too).
     """
     import cloudpickle
 
@@ -302,13 +340,10 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
                              hostfile=hostfile, mpi_args=[*forwarded, *mpi_args])
         proc = start_mpirun(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}))
-        pump = OutputPump(proc.stdout, echo)
+        pump = OutputPump(proc.stdout, echo, watch=(MPI_CONNECT_WARNING,))
         pump.start()
-        timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            stopped = _wait(proc, pump, timeout_s)
         finally:
             kill_process_group(proc)
             pump.join(timeout=5)
@@ -319,10 +354,20 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
             others = f" (ranks that also failed: {[r for r, _, _ in failures[1:]]})" if len(failures) > 1 else ""
             raise DistributedError(f"rank {rank} of {np} failed{others}:\n{text.rstrip()}",
                                    hint="the traceback above is from that rank; the other ranks were stopped")
-        if timed_out:
-            raise DistributedError(f"{np}-rank job did not finish within {timeout_s:g} s and was killed; "
-                                   f"last output:\n{_tail(output)}",
-                                   hint="a rank may hang in a collective: pass step_timeout_s to train()")
+        if stopped == "connect":
+            raise RankConnectionError(f"{np}-rank job stopped: Open MPI could not open a TCP connection between two of "
+                                   f"its ranks ({mpi_connect_failure(output)}), said the job may now hang or fail, "
+                                   f"and {CONNECT_GRACE_S:g} s later it had not finished; last output:\n"
+                                   f"{_tail(output)}",
+                                   hint="check that every machine reaches the others over TCP on the interface the "
+                                        "job uses (btl_tcp_if_include); where a host was only loaded for a moment, "
+                                        "run it again")
+        if stopped == "timeout":
+            connect = mpi_connect_failure(output)
+            raise (RankConnectionError if connect else DistributedError)(f"{np}-rank job did not finish within {timeout_s:g} s and was killed"
+                                   + (f" (Open MPI had reported a failed TCP connection between two of its ranks: "
+                                      f"{connect})" if connect else "") + f"; last output:\n{_tail(output)}",
+                                   hint=timeout_hint)
         died = rank_death_error(output, np, proc.returncode)
         if died is not None:   # a rank that died without a word (SIGKILL, a crash): as the CLI names it
             raise died
@@ -339,6 +384,26 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float) -> str | None:
+    """Wait for ``proc``: None when it ended, "connect" when it had not
+    :data:`CONNECT_GRACE_S` after Open MPI's failed-connection warning, "timeout" at ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            return None
+        now = time.monotonic()
+        seen = pump.seen.get(MPI_CONNECT_WARNING)
+        if seen is not None and now - seen >= CONNECT_GRACE_S:
+            return "connect"
+        if now >= deadline:
+            return "timeout"
+        try:
+            proc.wait(timeout=min(0.5, deadline - now))
+            return None
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _rank_main(payload: str, out_dir: str) -> None:

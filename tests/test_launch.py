@@ -224,3 +224,71 @@ def test_a_rank_that_started_mpi_through_mpi4py_ends_cleanly():
     before it exits (mpirun otherwise reports that the rank exited improperly, and the run fails
     although every rank returned)."""
     assert run_on_ranks(_mpi4py_before_horovod, 2, timeout_s=120) == [2, 3]
+
+
+# Open MPI's warning as mpirun printed it when a calibration between emulated machines hung
+# (2026-11-29); a rank prints it here, as the real failure cannot be brought about on demand.
+CONNECT_WARNING = """--------------------------------------------------------------------------
+WARNING: Open MPI failed to TCP connect to a peer MPI process.  This
+should not happen.
+
+Your Open MPI job may now hang or fail.
+
+  Local host: pxnbd9cbm0
+  PID:        28199
+  Message:    connect() to 10.213.1.3:1024 failed
+  Error:      Operation now in progress (115)
+--------------------------------------------------------------------------
+"""
+
+
+def test_open_mpis_failed_connection_is_read_from_its_warning():
+    from parallax_nb.launch import mpi_connect_failure
+
+    assert mpi_connect_failure("some output\n" + CONNECT_WARNING + "[vm:1] 1 more process has sent help message") \
+        == "on pxnbd9cbm0: connect() to 10.213.1.3:1024 failed: Operation now in progress (115)"
+    assert mpi_connect_failure("rank 0 ready\n") is None
+
+
+def _warn_then(pid_dir, then_s):
+    import os
+
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    with open(os.path.join(pid_dir, f"pid-{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    if rank == 1:
+        print(CONNECT_WARNING, flush=True)
+    time.sleep(then_s)
+    return rank
+
+
+@pytest.mark.mpi
+def test_a_job_left_hanging_by_a_failed_connection_stops_with_it_named(tmp_path, monkeypatch):
+    """Open MPI's warning, then no progress: the job is stopped the grace period after the
+    warning, not at its timeout, and the error names the connection; no rank is left."""
+    import psutil
+
+    from parallax_nb import launch
+
+    from parallax_nb.errors import RankConnectionError
+
+    monkeypatch.setattr(launch, "CONNECT_GRACE_S", 3.0)
+    start = time.monotonic()
+    with pytest.raises(RankConnectionError) as info:
+        run_on_ranks(_warn_then, 2, args=(str(tmp_path), 600), timeout_s=300)
+    took = time.monotonic() - start
+    message = str(info.value)
+    assert "could not open a TCP connection between two of its ranks" in message, message
+    assert "on pxnbd9cbm0: connect() to 10.213.1.3:1024 failed: Operation now in progress (115)" in message
+    assert "btl_tcp_if_include" in info.value.hint
+    assert took < 90, took
+    pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+    assert len(pids) == 2
+    time.sleep(0.5)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.mpi
+def test_a_job_that_finishes_after_the_warning_returns_its_results(tmp_path):
+    """The warning alone fails nothing: a job that finishes within the grace period returns."""
+    assert run_on_ranks(_warn_then, 2, args=(str(tmp_path), 2), timeout_s=120) == [0, 1]
