@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from parallax_nb.calibration import Calibration, fit_link, link_factor  # noqa: E402
+from parallax_nb.calibration import Calibration  # noqa: E402
 from parallax_nb.plan import make_plan  # noqa: E402
 from parallax_nb.planner import Planner  # noqa: E402
 from parallax_nb.types import ClusterSpec, Kind, Profile, VariableProfile  # noqa: E402
@@ -74,20 +74,11 @@ def clusters(count: int) -> list[ClusterSpec]:
 
 
 def paced(spec: ClusterSpec, share: float = 0.7) -> Calibration:
-    """``spec``'s default calibration with its calls across machines read at 256 B and 4 MiB, the
-    largest carried at ``share`` of the bandwidth each way: a calibration with a link pace
-    (:attr:`Calibration.link_bytes_per_s`), as ``px.calibrate`` on emulated machines writes one."""
+    """``spec``'s default calibration with its calls across machines read at ``share`` of the
+    bandwidth each way (:meth:`Calibration.with_link_pace`): a calibration with a link pace, as
+    ``px.calibrate`` on emulated machines writes one."""
     cal = Calibration.defaults(spec.machines, spec.workers_per_machine, spec.bandwidth_bps, spec.latency_s)
-    large, fits, links = 4 << 20, dict(cal.fits), {}
-    for key, fit in cal.fits.items():
-        op, scope = key.split("/")
-        if scope == "machine" or spec.machines == 1:
-            continue
-        carried = [2 * link_factor(op, scope, spec.machines, spec.workers_per_machine, b) * b for b in (256, large)]
-        seconds = carried[1] / 2 / (share * spec.bandwidth_bps / 8)
-        fits[key] = dataclasses.replace(fit, points=((256, fit.time_s(256)), (large, seconds)))
-        links[key] = fit_link([(256, carried[0]), (large, carried[1])])
-    return dataclasses.replace(cal, fits=fits, link_fits=links)
+    return cal.with_link_pace(share * spec.bandwidth_bps / 8)
 
 
 def time_ms(fn, specs) -> list[float]:

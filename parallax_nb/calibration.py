@@ -60,6 +60,7 @@ Pure Python: no TensorFlow, no numpy.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -442,6 +443,29 @@ class Calibration:
             if timed and link_bytes > 0 and min(timed) > 0:
                 paces.append(link_bytes / 2.0 / statistics.median(timed))
         return statistics.median(paces) if paces else None
+
+    def with_link_pace(self, bytes_per_s: float, overhead_bytes: float = 0.0) -> "Calibration":
+        """This calibration as if its calls across machines had been read at 256 B and 4 MiB a
+        rank, their links carrying ``overhead_bytes`` a call besides twice the payload that
+        crosses (:func:`link_factor`), the 4 MiB call at ``bytes_per_s`` each way: its
+        :attr:`link_bytes_per_s` is then ``bytes_per_s``. A what-if for a link whose sustained
+        pace is known; only those fits' points and the link fits change (the fits still price
+        the calls). On one machine, unchanged."""
+        if not (isinstance(bytes_per_s, (int, float)) and math.isfinite(bytes_per_s) and bytes_per_s > 0):
+            raise ConfigError(f"a link's pace must be a positive number of bytes per second, got {bytes_per_s!r}")
+        if self.machines < 2:
+            return self
+        large = 4 << 20
+        fits, links = dict(self.fits), {}
+        for key, fit in self.fits.items():
+            op, scope = key.split("/")
+            if scope == "machine":
+                continue
+            carried = [overhead_bytes + 2.0 * link_factor(op, scope, self.machines, self.workers_per_machine, b) * b
+                       for b in (256, large)]
+            fits[key] = dataclasses.replace(fit, points=((256, fit.time_s(256)), (large, carried[1] / 2.0 / bytes_per_s)))
+            links[key] = fit_link([(256, carried[0]), (large, carried[1])])
+        return dataclasses.replace(self, fits=fits, link_fits=links)
 
     def compute_for(self, model_name: str, baseline: str | None = None) -> float | None:
         """Seconds of compute per step of ``model_name`` under the real placement, if measured;

@@ -43,23 +43,9 @@ def calibration_2x2(alltoall_cross_latency_s=5e-4, compute_s=None, baseline_comp
 
 
 def with_link_pace(cal: Calibration, bytes_per_s: float) -> Calibration:
-    """``cal`` with its calls across machines read at 256 B and 4 MiB: their links carrying
-    2.4 KB besides twice the payload that crosses (:func:`~parallax_nb.calibration.link_factor`),
-    the largest call timed at the pace of ``bytes_per_s`` each way
-    (:attr:`Calibration.link_bytes_per_s`). Only the points change; the fits price the calls."""
-    from parallax_nb.calibration import fit_link, link_factor
-
-    large = 4 << 20
-    fits, links = dict(cal.fits), {}
-    for key, fit in cal.fits.items():
-        op, scope = key.split("/")
-        if scope == "machine":
-            continue
-        carried = [2400.0 + 2.0 * link_factor(op, scope, cal.machines, cal.workers_per_machine, b) * b
-                   for b in (256, large)]
-        fits[key] = replace(fit, points=((256, fit.time_s(256)), (large, carried[1] / 2.0 / bytes_per_s)))
-        links[key] = fit_link([(256, carried[0], 30.0), (large, carried[1], 3000.0)])
-    return replace(cal, fits=fits, link_fits=links)
+    """``cal`` with its calls across machines read at the pace of ``bytes_per_s`` each way, their
+    links carrying 2.4 KB a call besides the payload (:meth:`Calibration.with_link_pace`)."""
+    return cal.with_link_pace(bytes_per_s, overhead_bytes=2400.0)
 
 
 # ----------------------------------------------------------------------------- AUTO's explanations

@@ -241,6 +241,24 @@ def test_the_links_pace_is_read_from_the_largest_calls_that_cross_machines():
     assert back.link_bytes_per_s == pytest.approx(16777216.0)
 
 
+def test_a_known_links_pace_gives_a_calibration_that_reads_it():
+    """``with_link_pace``: the calls across machines read at the pace given, those inside a
+    machine and every fit's latency and bandwidth as they were; one machine unchanged; a pace
+    that is not a positive number refused with the value."""
+    cal = Calibration.defaults(2, 2, 1e9, 25e-6)
+    paced = cal.with_link_pace(5e7, overhead_bytes=2400.0)
+    assert cal.link_bytes_per_s is None and paced.link_bytes_per_s == pytest.approx(5e7)
+    assert paced.fits["alltoall/machine"] == cal.fits["alltoall/machine"]
+    assert {k: (f.latency_s, f.bandwidth_bps) for k, f in paced.fits.items()} == \
+        {k: (f.latency_s, f.bandwidth_bps) for k, f in cal.fits.items()}
+    assert paced.link_fit("alltoall", "cross").overhead_bytes == pytest.approx(2400.0)
+    one = Calibration.defaults(1, 2, 1e9, 25e-6)
+    assert one.with_link_pace(5e7) is one
+    for bad in (0, -1.0, float("nan"), "fast"):
+        with pytest.raises(ConfigError, match="positive number of bytes per second"):
+            cal.with_link_pace(bad)
+
+
 def test_combine_fits_the_machines_mean_link_per_call():
     """px.calibrate's combine: per op and scope, the mean over the machines' link readings at
     each size (the other ranks read none), then fit_link; one host gives none."""
