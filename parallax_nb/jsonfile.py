@@ -23,9 +23,17 @@ def atomic_write_bytes(path: str, data: bytes, mode: int | None = None) -> None:
     files only the owner may read.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(f"cannot write {path!r}: it is a folder", hint="name a file to write (a path inside the folder)")
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"cannot write {path!r}: a file is in the way of its folder",
+                          hint="name a path whose folders are folders") from None
+    except OSError as e:
+        raise ConfigError(f"cannot write {path!r}: {e.strerror or e}", hint="choose a folder you can write to") from None
     try:
         os.chmod(tmp, _default_mode() if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
@@ -33,11 +41,13 @@ def atomic_write_bytes(path: str, data: bytes, mode: int | None = None) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, (IsADirectoryError, NotADirectoryError, PermissionError)):   # the path, not the disk
+            raise ConfigError(f"cannot write {path!r}: {e.strerror or e}", hint="name a file you can write") from None
         raise
 
 

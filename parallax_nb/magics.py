@@ -271,8 +271,8 @@ class ParallaxMagics(Magics):
 
         _positive("--machines", args.machines)
         _positive("--workers-per-machine", args.workers_per_machine)
-        if not args.latency >= 0:
-            raise UsageError(f"--latency must be >= 0 microseconds, got {args.latency:g}")
+        if not 0 <= args.latency < float("inf"):
+            raise UsageError(f"--latency must be a finite number of microseconds >= 0, got {args.latency:g}")
         if args.profile is None:
             prof = self.last["profile"]
             if prof is None:

@@ -60,13 +60,30 @@ def test_plan_command_options(profile_json, tmp_path):
     (["--machines", 2, "--bandwidth", "fast"], "unparsable bandwidth 'fast'"),
     (["--machines", 2, "--arch", "fastest"], "unknown architecture 'fastest'"),
     (["--machines", 2, "--partitions", 0], "must be >= 1, got 0"),
-    (["--machines", 2, "--latency-us", -1], "latency_s must be a finite number >= 0"),
+    (["--machines", 2, "--latency-us", -1], "--latency-us must be a finite number of microseconds >= 0, got -1"),
+    (["--machines", 2, "--latency-us", "nan"], "--latency-us must be a finite number of microseconds >= 0, got nan"),
 ])
 def test_bad_arguments_exit_2_with_one_clear_message(profile_json, args, message):
     result = run_cli(profile_json, *args)
     assert result.returncode == 2
     assert result.stderr.startswith("parallax_nb plan: error: ") and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_output_that_cannot_be_a_file_exits_2_and_leaves_nothing(profile_json, tmp_path):
+    """``-o`` naming a folder, or a path under a file: one message naming the path, no
+    traceback, no temporary file left beside it."""
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    result = run_cli(profile_json, "--machines", 2, "-o", folder)
+    assert result.returncode == 2 and f"cannot write '{folder}': it is a folder" in result.stderr, result.stderr
+    blocked = tmp_path / "plan.json"
+    blocked.write_text("{}")
+    result = run_cli(profile_json, "--machines", 2, "-o", blocked / "x.json")
+    assert result.returncode == 2 and "a file is in the way of its folder" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(folder.iterdir()) and blocked.read_text() == "{}"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
 def test_missing_and_corrupted_profiles_exit_2(tmp_path, profile_json):

@@ -61,7 +61,8 @@ def test_help_is_short_and_plain(shell, capsys):
         assert option in out
     assert "default: 10Gbit/s" in out and "default: 25" in out and "microseconds" in out
     assert "default: 2; 1 machine has no network traffic" in " ".join(out.split())
-    assert "--latency must be >= 0 microseconds, got -5" in _usage_error(shell, "plan --latency -5")
+    assert "--latency must be a finite number of microseconds >= 0, got -5" in _usage_error(shell, "plan --latency -5")
+    assert "--latency must be a finite number of microseconds >= 0, got inf" in _usage_error(shell, "plan --latency inf")
 
 
 def test_parallax_errors_from_python_are_message_and_hint(shell, capsys):

@@ -69,6 +69,9 @@ def main(args: argparse.Namespace) -> int:
     if args.straggler is not None and not args.asynchronous:
         raise ConfigError(f"--straggler {straggler:g} applies to the outlook of asynchronous training, and "
                           f"--async was not given", hint="add --async, or drop --straggler")
+    if not 0 <= args.latency_us < float("inf"):
+        raise ConfigError(f"--latency-us must be a finite number of microseconds >= 0, got {args.latency_us:g}",
+                          hint="e.g. --latency-us 25 (a data-centre network)")
     cluster = ClusterSpec.create(machines=args.machines, workers_per_machine=args.workers_per_machine,
                                  bandwidth=args.bandwidth, latency_s=args.latency_us * 1e-6,
                                  local_aggregation=not args.no_local_aggregation)
