@@ -246,7 +246,10 @@ class Planner:
         return self._apply(replace(self._inputs, **changes))
 
     def set_partitions(self, variable: str, partitions: int | None) -> "Planner":
-        """Split ``variable`` into ``partitions`` parts on the servers (None: back to the plan's choice)."""
+        """Split ``variable`` into ``partitions`` parts on the servers (None: back to the plan's
+        choice). A name that is not the model's sets :attr:`error` and changes no input."""
+        if not self._known(variable, "partitions"):
+            return self
         overrides = dict(self._inputs.partitions)
         if partitions is None:
             overrides.pop(variable, None)
@@ -255,13 +258,39 @@ class Planner:
         return self._apply(replace(self._inputs, partitions=overrides))
 
     def set_method(self, variable: str, method: "str | Method | None") -> "Planner":
-        """Force ``variable`` to ``method`` whatever the architecture (None: no override)."""
+        """Force ``variable`` to ``method`` whatever the architecture (None: no override). A name
+        that is not the model's, or a method that is none, sets :attr:`error` and changes no input."""
+        if not self._known(variable, "method"):
+            return self
+        if method is not None and not isinstance(method, Method):
+            try:
+                method = Method(str(method).strip().lower())
+            except ValueError:
+                return self._refuse(PlanError(f"unknown method {method!r} for {variable}",
+                                              hint=f"choose one of {Method.choices()}, or None for the plan's own"))
         overrides = dict(self._inputs.methods)
         if method is None:
             overrides.pop(variable, None)
         else:
             overrides[variable] = method
         return self._apply(replace(self._inputs, methods=overrides))
+
+    def _known(self, variable, what: str) -> bool:
+        """Whether ``variable`` is one of the model's; if not, :meth:`_refuse` a PlanError naming
+        it and the model's variables."""
+        if variable in self.profile.names:
+            return True
+        self._refuse(PlanError(f"cannot set the {what} of {variable!r}: {self.profile.model_name} has no such "
+                               f"variable", hint=f"variables of {self.profile.model_name}: {self.profile.names}"))
+        return False
+
+    def _refuse(self, error: PlanError) -> "Planner":
+        """Show ``error`` (:attr:`error`, observers told) and keep the inputs as they were: an
+        override kept for a name the model lacks, or a method that is none, would fail every
+        later change until removed."""
+        self.error = error
+        self._notify()
+        return self
 
     def reset_overrides(self) -> "Planner":
         return self._apply(replace(self._inputs, partitions={}, methods={}))

@@ -226,16 +226,27 @@ def test_invalid_bandwidth_typed_in_the_view(view, planner):
 
 
 def test_bad_overrides_are_errors_not_exceptions(planner):
+    """A name the model lacks or a method that is none is shown and not kept: the next change
+    computes (it used to fail with the same error until the overrides were reset)."""
+    before = planner.plan
     planner.set_method("no_such_variable", "ps")
     assert isinstance(planner.error, PlanError) and "no_such_variable" in str(planner.error)
-    planner.reset_overrides()
+    assert planner.plan is before and "no_such_variable" not in planner.methods
+    planner.set(bandwidth="40Gbit/s")
+    assert planner.ok and planner.cluster.bandwidth_bps == 40e9
+    planner.set_partitions("no_such_variable", 3)
+    assert isinstance(planner.error, PlanError) and "no_such_variable" in str(planner.error)
+    planner.set(bandwidth="10Gbit/s")
     assert planner.ok
     name = planner.profile.names[0]
     planner.set_partitions(name, 0)
     assert isinstance(planner.error, PlanError) and "partitions" in str(planner.error)
     planner.set_partitions(name, None)
+    assert planner.ok
     planner.set_method(name, "carrier pigeon")
     assert isinstance(planner.error, PlanError) and "carrier pigeon" in str(planner.error)
+    planner.set(bandwidth="40Gbit/s")
+    assert planner.ok and name not in planner.methods
 
 
 def test_bad_construction_raises(profile):
