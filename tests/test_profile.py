@@ -183,8 +183,17 @@ def test_cli_profile_writes_json_and_prints_table(tmp_path):
                           "--steps", "0", "-o", str(tmp_path / "never.json")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode != 0
-    assert "steps" in bad.stderr and "0" in bad.stderr and "Traceback" not in bad.stderr
+    assert "--steps must be a whole number >= 1, got 0" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "never.json").exists()
+
+
+@pytest.mark.parametrize("flag,value,least", [("--warmup", -1, 0), ("--batch-size", 0, 1), ("--max-workers", 0, 1)])
+def test_cli_profile_names_a_count_out_of_range_by_its_flag(flag, value, least, tmp_path, capsys):
+    from parallax_nb.__main__ import main
+
+    assert main(["profile", "parallax_nb.workloads:lm_tiny", flag, str(value), "-o", str(tmp_path / "p.json")]) == 2
+    assert f"{flag} must be a whole number >= {least}, got {value}" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 # ---- errors a user can cause --------------------------------------------------------------------

@@ -18,7 +18,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("-o", "--output", default="profile.json", help="where to write the profile (JSON)")
 
 
+def check_counts(args) -> None:
+    """A ConfigError in the command line's own terms for a count out of range, before the job
+    is loaded (TensorFlow's import takes seconds)."""
+    from ..errors import ConfigError
+
+    for flag, value, least in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                               ("--max-workers", args.max_workers, 1), ("--batch-size", args.batch_size, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be a whole number >= {least}, got {value}",
+                              hint="e.g. --steps 20 --warmup 2 (the defaults)")
+
+
 def main(args) -> int:
+    check_counts(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from .. import progress
     from ..job import load_job
