@@ -54,7 +54,9 @@ def execute_notebook(notebook: pathlib.Path, output_dir: pathlib.Path, *, cell_t
     executed = output_dir / notebook.name
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel,
                             resources={"metadata": {"path": str(output_dir)}})
-    kernel_env = {**os.environ, **(env or {})}
+    # TensorFlow's start-up notes (oneDNN, CPU instructions) from the kernel are not the user's
+    # business on this command's terminal; a caller's own setting is kept
+    kernel_env = {"TF_CPP_MIN_LOG_LEVEL": "2", **os.environ, **(env or {})}
     # the kernel (and the engines it starts) import the same parallax_nb as this command
     source_root = str(pathlib.Path(__file__).resolve().parents[2])
     kernel_env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, kernel_env.get("PYTHONPATH")) if p)
