@@ -73,3 +73,43 @@ def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:
             f.write(f"{time.time():.6f}\n{text}")
         os.replace(path + ".tmp", path)
     return text
+
+
+#: the environment variable naming the folder where ranks of :func:`parallax_nb.launch.run_on_ranks`
+#: write their errors and their progress
+ERROR_DIR_ENV = "PARALLAX_NB_RANK_ERROR_DIR"
+
+
+def report_progress(text: str) -> None:
+    """Say what this rank is doing now (``<dir>/progress-<rank>.txt``: the Unix time, then
+    ``text``), where the launcher gave a folder (:data:`ERROR_DIR_ENV`): a launch that makes
+    no progress is stopped, and its error names each rank's last step (:func:`read_progress`).
+    A no-op elsewhere; a write that fails is left out (progress is a diagnosis, not a result)."""
+    folder = os.environ.get(ERROR_DIR_ENV)
+    if not folder:
+        return
+    path = os.path.join(folder, f"progress-{mpi_rank()}.txt")
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(f"{time.time():.6f}\n{text}")
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def read_progress(workdir: str) -> dict[int, tuple[float, str]]:
+    """``{rank: (time, text)}`` of each rank's last :func:`report_progress` in ``workdir``."""
+    out = {}
+    try:
+        names = os.listdir(workdir)
+    except OSError:
+        return out
+    for name in names:
+        if name.startswith("progress-") and name.endswith(".txt"):
+            try:
+                with open(os.path.join(workdir, name), encoding="utf-8", errors="replace") as f:
+                    first, _, text = f.read().partition("\n")
+                out[int(name[9:-4])] = (float(first), text.strip())
+            except (OSError, ValueError):
+                continue
+    return out

@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 from .devices import YIELD_WHEN_IDLE_MCA, yield_when_idle_args
 from .errors import ConfigError, DistributedError, RankConnectionError, SetupError
-from .failures import mpi_rank, read_failures, report_rank_failure
+from .failures import ERROR_DIR_ENV, mpi_rank, read_failures, read_progress, report_rank_failure
 
 #: Environment variables forwarded to every rank with ``-x`` (needed on remote hosts only;
 #: local ranks inherit mpirun's environment anyway).
@@ -312,7 +312,8 @@ def _tail(text: str, lines: int = 60) -> str:
 def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwargs: dict | None = None,
                  timeout_s: float = 600.0, hostfile: str | None = None, env: dict[str, str] | None = None,
                  echo: bool = False, mpi_args: Sequence[str] = (),
-                 timeout_hint: str = "a rank may hang in a collective: pass step_timeout_s to train()") -> list[Any]:
+                 timeout_hint: str = "a rank may hang in a collective: pass step_timeout_s to train()",
+                 stall_s: float | None = None) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on each of ``np`` MPI ranks; return the per-rank results.
 
     ``fn`` and its arguments travel with cloudpickle; results come back with pickle (use
@@ -322,6 +323,10 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
     ``timeout_hint``, what the caller's user can do about it); every process started is
     killed. ``hostfile`` and ``mpi_args`` as in :func:`mpirun_command`; ``env``: variables
     for the ranks besides this process's environment (exported to the hosts of a hostfile too).
+    ``stall_s``: where ``fn`` reports its progress (:func:`~parallax_nb.failures.report_progress`),
+    a job none of whose ranks reported any for that long is stopped as hung, its error naming
+    each rank's last report (before the first report, and where the ranks' reports cannot
+    reach this host's folder, only ``timeout_s`` applies).
     """
     import cloudpickle
 
@@ -339,11 +344,11 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         cmd = mpirun_command(np, [sys.executable, "-m", "parallax_nb.launch", "rank", payload, workdir],
                              hostfile=hostfile, mpi_args=[*forwarded, *mpi_args])
         proc = start_mpirun(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=rank_environment({**(env or {}), "PARALLAX_NB_RANK_ERROR_DIR": workdir}))
+                            env=rank_environment({**(env or {}), ERROR_DIR_ENV: workdir}))
         pump = OutputPump(proc.stdout, echo, watch=(MPI_CONNECT_WARNING,))
         pump.start()
         try:
-            stopped = _wait(proc, pump, timeout_s)
+            stopped = _wait(proc, pump, timeout_s, workdir if stall_s else None, stall_s)
         finally:
             kill_process_group(proc)
             pump.join(timeout=5)
@@ -362,6 +367,10 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
                                    hint="check that every machine reaches the others over TCP on the interface the "
                                         "job uses (btl_tcp_if_include); where a host was only loaded for a moment, "
                                         "run it again")
+        if stopped == "stall":
+            raise DistributedError(f"{np}-rank job made no progress for {stall_s:g} s and was stopped; the ranks' "
+                                   f"last steps: {_progress_text(read_progress(workdir))}; last output:\n"
+                                   f"{_tail(output)}", hint=timeout_hint)
         if stopped == "timeout":
             connect = mpi_connect_failure(output)
             raise (RankConnectionError if connect else DistributedError)(f"{np}-rank job did not finish within {timeout_s:g} s and was killed"
@@ -386,9 +395,11 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float) -> str | None:
+def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float, progress_dir: str | None = None,
+          stall_s: float | None = None) -> str | None:
     """Wait for ``proc``: None when it ended, "connect" when it had not
-    :data:`CONNECT_GRACE_S` after Open MPI's failed-connection warning, "timeout" at ``timeout_s``."""
+    :data:`CONNECT_GRACE_S` after Open MPI's failed-connection warning, "stall" when the ranks'
+    newest progress report in ``progress_dir`` is ``stall_s`` old, "timeout" at ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -399,11 +410,22 @@ def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float) -> str | N
             return "connect"
         if now >= deadline:
             return "timeout"
+        if progress_dir is not None:
+            reports = read_progress(progress_dir)
+            if reports and time.time() - max(t for t, _ in reports.values()) >= stall_s:
+                return "stall"
         try:
             proc.wait(timeout=min(0.5, deadline - now))
             return None
         except subprocess.TimeoutExpired:
             continue
+
+
+def _progress_text(reports: dict) -> str:
+    """``rank 0: timing alltoall/cross at 4 MiB (95 s ago); rank 1: ...`` of :func:`read_progress`."""
+    now = time.time()
+    return "; ".join(f"rank {rank}: {text} ({now - t:.0f} s ago)" for rank, (t, text) in sorted(reports.items())) \
+        or "none reported"
 
 
 def _rank_main(payload: str, out_dir: str) -> None:

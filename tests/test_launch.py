@@ -292,3 +292,48 @@ def test_a_job_left_hanging_by_a_failed_connection_stops_with_it_named(tmp_path,
 def test_a_job_that_finishes_after_the_warning_returns_its_results(tmp_path):
     """The warning alone fails nothing: a job that finishes within the grace period returns."""
     assert run_on_ranks(_warn_then, 2, args=(str(tmp_path), 2), timeout_s=120) == [0, 1]
+
+
+def _report_then(steps, pause_s, then_s):
+    """Report ``steps`` progress steps ``pause_s`` apart, then sleep ``then_s`` and return the rank."""
+    import os
+
+    from parallax_nb.failures import report_progress
+
+    for i in range(steps):
+        report_progress(f"step {i + 1} of {steps}")
+        time.sleep(pause_s)
+    time.sleep(then_s)
+    return int(os.environ["OMPI_COMM_WORLD_RANK"])
+
+
+def test_progress_is_read_back_per_rank(tmp_path, monkeypatch):
+    from parallax_nb.failures import ERROR_DIR_ENV, read_progress, report_progress
+
+    report_progress("nowhere to write: nothing happens")
+    monkeypatch.setenv(ERROR_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    report_progress("timing alltoall/cross at 4194304 B a rank, chain 2 of 7")
+    (rank, (when, text)), = read_progress(str(tmp_path)).items()
+    assert rank == 3 and text == "timing alltoall/cross at 4194304 B a rank, chain 2 of 7"
+    assert abs(time.time() - when) < 60
+    assert read_progress(str(tmp_path / "missing")) == {}
+
+
+@pytest.mark.mpi
+def test_a_job_whose_ranks_stop_reporting_progress_is_stopped_naming_their_last_steps():
+    """Both ranks report two steps and then sleep: stopped ``stall_s`` after their last report,
+    long before the timeout, each rank's last step named."""
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        run_on_ranks(_report_then, 2, args=(2, 0.2, 600), timeout_s=300, stall_s=4)
+    message = str(info.value)
+    assert "made no progress for 4 s and was stopped" in message, message
+    assert "rank 0: step 2 of 2 (" in message and "rank 1: step 2 of 2 (" in message, message
+    assert time.monotonic() - start < 90
+
+
+@pytest.mark.mpi
+def test_a_job_that_keeps_reporting_progress_outlives_the_stall_limit():
+    """Seven reports 1 s apart: 7 s in all, longer than ``stall_s`` = 3, never 3 s without one."""
+    assert run_on_ranks(_report_then, 2, args=(7, 1.0, 0), timeout_s=120, stall_s=3) == [0, 1]

@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on real hosts: the network interface whose counters give Horovod's idle traffic")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the ranks, e.g. HOROVOD_CYCLE_TIME=0.1 (repeatable)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="stop the ranks after this many seconds")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="stop the ranks after this many seconds (default 1800); ranks that report no step "
+                             "for 120 s are stopped sooner")
     parser.add_argument("-o", "--output", default="calibration.json", help="where to write the calibration JSON")
 
 

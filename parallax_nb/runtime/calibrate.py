@@ -119,9 +119,11 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
 
     from ..calibration import horovod_settings
     from ..devices import rank_cores
+    from ..failures import report_progress
     from .context import barrier, configure_threads, horovod
     from .topology import gather_topology
 
+    report_progress("starting Horovod")
     configure_threads()
     hvd = horovod()
     topology = gather_topology(hvd, None, workers_per_machine)
@@ -144,6 +146,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
         out["busy_link"] = out["compute"].pop("link")
     else:
         out["busy_link"] = _busy_link(hvd, barrier, link_interface, idle_s)
+    report_progress("reading the idle link")
     barrier("calibrate_idle")
     out["link"] = _idle_link(hvd, link_interface, idle_s)
     out["link_per_call"] = {}
@@ -168,6 +171,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
 
         remove_process_sets([hierarchy.peers_of(i) for i in range(hierarchy.G)])
     if job is not None:   # step 5: the compute again, whether the cores' speed held
+        report_progress("timing the job's compute again")
         seconds, _ = _program_steps(job, None, hvd, barrier, warmup_steps, compute_steps, None)
         out["compute_recheck_s"] = statistics.median(seconds)
     return out
@@ -240,6 +244,9 @@ def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int,
     barrier (``warmup_steps`` untimed first), and the link read around them: ``compute_steps``
     batches, taken again in turn until the steps have lasted :data:`COMPUTE_MIN_S` (at most
     :data:`COMPUTE_MAX_STEPS` steps, at least ``compute_steps``)."""
+    from ..failures import report_progress
+
+    report_progress(f"timing the job's compute ({tag}: tracing, warm-up, timed steps)")
     batches = iter(job.dataset(hvd.rank(), hvd.size()))
     for _ in range(warmup_steps):
         x, y = next(batches)
@@ -391,15 +398,19 @@ def _time_sizes(fn, long_fn, hvd, barrier, key: str, sizes_bytes, chain: int, lo
     barrier), the median over the chains, per call, at the smallest size around the long chains."""
     import tensorflow as tf
 
+    from ..failures import report_progress
+
     # every call hands a whole number of float32 elements per participant (at most W)
     quantum = 4 * hvd.size()
     points, stride_points, link_points = [], [], []
     tag = key.replace('/', '_')
 
     def timed_chains(run, label: str, x) -> tuple[float, list]:
+        report_progress(f"timing {key} at {label} B a rank, untimed chain")
         float(run(x))  # untimed: traces on the first size, warms the buffers on every size
         seconds, links = [], []
         for r in range(repeats):
+            report_progress(f"timing {key} at {label} B a rank, chain {r + 1} of {repeats}")
             barrier(f"cal_{tag}_{label}_{r}")
             link = _LinkReading(hvd, interface)
             start = time.perf_counter()
