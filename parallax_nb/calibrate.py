@@ -64,11 +64,15 @@ STRIDE_FLOOR = 0.25
 #: the 300 s cap before stopped three of six calibrations of the LM and the CNN (one after
 #: Open MPI's failed-connection warning, two still under way or hung: the error could not say).
 STALL_S = 120.0
+#: the cap on a whole calibration under mpirun
+TIMEOUT_S = 1800.0
+#: ... and on a cluster's engines, which report no steps to this process
+ENGINES_TIMEOUT_S = 300.0
 
 
 def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str | None = None, job=None,
               workers_per_machine: int | None = None, link_interface: str | None = None,
-              timeout_s: float = 1800.0, echo: bool = False, env: dict | None = None,
+              timeout_s: float | None = None, echo: bool = False, env: dict | None = None,
               cluster=None) -> Calibration:
     """Measure this cluster and return its :class:`Calibration` (module docstring).
 
@@ -84,15 +88,19 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     run's ``HOROVOD_CYCLE_TIME`` (module docstring). ``cluster``: a started ``px.Cluster``
     whose engines are measured instead (a notebook's engines, e.g.
     ``px.Cluster(emulate="2x2@1Gbit/s")``, whose links are read); then ``np``, ``hostfile``,
-    ``emulate`` and ``env`` do not apply. Raises :class:`ConfigError` for bad arguments before
-    anything starts.
+    ``emulate`` and ``env`` do not apply. ``timeout_s``: the whole calibration's cap, default
+    :data:`TIMEOUT_S` under mpirun (whose ranks that report no step for :data:`STALL_S` are
+    stopped sooner) and :data:`ENGINES_TIMEOUT_S` on a cluster's engines. Raises
+    :class:`ConfigError` for bad arguments before anything starts.
     """
     from .launch import _check_np, check_host_resources, run_on_ranks
     from .runtime.calibrate import measure_on_rank
 
     if cluster is not None:
-        return _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeout_s,
+        return _calibrate_engines(cluster, job, workers_per_machine, link_interface,
+                                  ENGINES_TIMEOUT_S if timeout_s is None else timeout_s,
                                   given={"np": np, "hostfile": hostfile, "emulate": emulate, "env": env})
+    timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     network = _network(emulate, hostfile)
     if network is not None:
         if np is not None and _check_np(np) != network.ranks:

@@ -346,6 +346,8 @@ def _calibrate_cli(capsys, *argv):
     (("--np", "2", "--job", "no_such_module_px:job"), "no_such_module_px"),
     (("--np", "2", "--env", "HOROVOD_CYCLE_TIME"), "--env 'HOROVOD_CYCLE_TIME' is not NAME=VALUE"),
     (("--np", "2", "--env", "HOROVOD_CYCLE_TIME=fast"), "HOROVOD_CYCLE_TIME='fast' is not a number of milliseconds"),
+    (("--np", "2", "--timeout", "-3"), "--timeout must be a positive number of seconds, got -3"),
+    (("--np", "2", "--timeout", "nan"), "--timeout must be a positive number of seconds, got nan"),
 ])
 def test_cli_refuses_bad_input_before_anything_starts(capsys, tmp_path, argv, words):
     out = tmp_path / "calibration.json"

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on real hosts: the network interface whose counters give Horovod's idle traffic")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the ranks, e.g. HOROVOD_CYCLE_TIME=0.1 (repeatable)")
-    parser.add_argument("--timeout", type=float, default=1800.0,
+    parser.add_argument("--timeout", type=float, default=None,
                         help="stop the ranks after this many seconds (default 1800); ranks that report no step "
                              "for 120 s are stopped sooner")
     parser.add_argument("-o", "--output", default="calibration.json", help="where to write the calibration JSON")
@@ -35,6 +35,9 @@ def main(args: argparse.Namespace) -> int:
     from ..calibrate import calibrate, fits_table
     from ..errors import ConfigError
 
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}",
+                          hint="leave it out for the default (1800 s, and 120 s without a rank's step)")
     env = {}
     for item in args.env:
         name, sep, value = item.partition("=")
