@@ -68,11 +68,15 @@ def report_rank_failure(exc: BaseException, out_dir: str | None = None) -> str:
     sys.stderr.write(message)
     sys.stderr.flush()
     if out_dir is not None:
-        path = os.path.join(out_dir, f"error-{rank}.txt")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(f"{time.time():.6f}\n{text}")
-        os.replace(path + ".tmp", path)
+        _write_stamped(os.path.join(out_dir, f"error-{rank}.txt"), text)
     return text
+
+
+def _write_stamped(path: str, text: str) -> None:
+    """``path`` replaced by the Unix time, a newline and ``text`` (the files of this module)."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(f"{time.time():.6f}\n{text}")
+    os.replace(path + ".tmp", path)
 
 
 #: the environment variable naming the folder where ranks of :func:`parallax_nb.launch.run_on_ranks`
@@ -88,11 +92,8 @@ def report_progress(text: str) -> None:
     folder = os.environ.get(ERROR_DIR_ENV)
     if not folder:
         return
-    path = os.path.join(folder, f"progress-{mpi_rank()}.txt")
     try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(f"{time.time():.6f}\n{text}")
-        os.replace(path + ".tmp", path)
+        _write_stamped(os.path.join(folder, f"progress-{mpi_rank()}.txt"), text)
     except OSError:
         pass
 

@@ -181,6 +181,13 @@ def mpi_connect_failure(output: str) -> str | None:
     return where + what
 
 
+def connect_failure_note(output: str) -> str:
+    """`` (Open MPI had reported a failed TCP connection ...: <what>)`` for a timeout's message
+    when ``output`` has Open MPI's warning (:func:`mpi_connect_failure`), else ``""``."""
+    connect = mpi_connect_failure(output)
+    return f" (Open MPI had reported a failed TCP connection between two of its ranks: {connect})" if connect else ""
+
+
 _MPI_EXIT = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _MPI_EXIT_CODE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
 
@@ -372,11 +379,10 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
                                    f"last steps: {_progress_text(read_progress(workdir))}; last output:\n"
                                    f"{_tail(output)}", hint=timeout_hint)
         if stopped == "timeout":
-            connect = mpi_connect_failure(output)
-            raise (RankConnectionError if connect else DistributedError)(f"{np}-rank job did not finish within {timeout_s:g} s and was killed"
-                                   + (f" (Open MPI had reported a failed TCP connection between two of its ranks: "
-                                      f"{connect})" if connect else "") + f"; last output:\n{_tail(output)}",
-                                   hint=timeout_hint)
+            note = connect_failure_note(output)
+            raise (RankConnectionError if note else DistributedError)(
+                f"{np}-rank job did not finish within {timeout_s:g} s and was killed{note}; last output:\n"
+                f"{_tail(output)}", hint=timeout_hint)
         died = rank_death_error(output, np, proc.returncode)
         if died is not None:   # a rank that died without a word (SIGKILL, a crash): as the CLI names it
             raise died

@@ -172,7 +172,7 @@ def _peak_memory_per_rank(profile_path: str | None) -> int | None:
 
 def _run_mpirun(args, errors: str) -> int:
     from ..failures import read_failures
-    from ..launch import OutputPump, kill_process_group, mpi_connect_failure, mpirun_command, rank_death_error, \
+    from ..launch import OutputPump, connect_failure_note, kill_process_group, mpirun_command, rank_death_error, \
         rank_environment, start_mpirun
 
     argv = [sys.executable, "-m", "parallax_nb", "run", *_argv_of(args)]
@@ -189,10 +189,8 @@ def _run_mpirun(args, errors: str) -> int:
         kill_process_group(proc)
         if isinstance(e, KeyboardInterrupt):
             raise
-        connect = mpi_connect_failure("".join(pump.text for pump in pumps))
-        raise DistributedError(f"the run did not finish within {args.timeout:g} s and was stopped"
-                               + (f" (Open MPI had reported a failed TCP connection between two of its ranks: "
-                                  f"{connect})" if connect else "")) from None
+        note = connect_failure_note("".join(pump.text for pump in pumps))
+        raise DistributedError(f"the run did not finish within {args.timeout:g} s and was stopped{note}") from None
     finally:
         kill_process_group(proc)
         for pump in pumps:
