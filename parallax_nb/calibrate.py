@@ -44,6 +44,8 @@ it), forwarded to the ranks of a hostfile or an emulated network too.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 
 from . import labels
@@ -64,10 +66,11 @@ STRIDE_FLOOR = 0.25
 #: the 300 s cap before stopped three of six calibrations of the LM and the CNN (one after
 #: Open MPI's failed-connection warning, two still under way or hung: the error could not say).
 STALL_S = 120.0
-#: the cap on a whole calibration under mpirun
+#: the cap on a whole calibration, under mpirun and on a cluster's engines
 TIMEOUT_S = 1800.0
-#: ... and on a cluster's engines, which report no steps to this process
-ENGINES_TIMEOUT_S = 300.0
+#: how often the engines of ``calibrate(cluster=...)`` are looked at: their results, their
+#: mpiexec's output and their progress reports
+ENGINES_POLL_S = 0.5
 
 
 def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str | None = None, job=None,
@@ -89,16 +92,18 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     whose engines are measured instead (a notebook's engines, e.g.
     ``px.Cluster(emulate="2x2@1Gbit/s")``, whose links are read); then ``np``, ``hostfile``,
     ``emulate`` and ``env`` do not apply. ``timeout_s``: the whole calibration's cap, default
-    :data:`TIMEOUT_S` under mpirun (whose ranks that report no step for :data:`STALL_S` are
-    stopped sooner) and :data:`ENGINES_TIMEOUT_S` on a cluster's engines. Raises
-    :class:`ConfigError` for bad arguments before anything starts.
+    :data:`TIMEOUT_S`; ranks that report no step for :data:`STALL_S` are stopped sooner, and
+    so are ranks :data:`~parallax_nb.launch.CONNECT_GRACE_S` after Open MPI said it could not
+    connect two of them (:class:`~parallax_nb.errors.RankConnectionError`). Reports reach this
+    process from ranks on this host and on its emulated machines; elsewhere only the cap
+    applies. Raises :class:`ConfigError` for bad arguments before anything starts.
     """
     from .launch import _check_np, check_host_resources, run_on_ranks
     from .runtime.calibrate import measure_on_rank
 
     if cluster is not None:
         return _calibrate_engines(cluster, job, workers_per_machine, link_interface,
-                                  ENGINES_TIMEOUT_S if timeout_s is None else timeout_s,
+                                  TIMEOUT_S if timeout_s is None else timeout_s,
                                   given={"np": np, "hostfile": hostfile, "emulate": emulate, "env": env})
     timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
     network = _network(emulate, hostfile)
@@ -122,9 +127,7 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
     if hostfile is None:
         check_host_resources(np)
     kwargs = dict(job=job_arg, workers_per_machine=workers_per_machine, link_interface=link_interface)
-    timeout_hint = ("a rank may wait in a collective for a rank that stopped (the ranks' last steps above), or "
-                    "the calls (up to 4 MiB a rank) need longer on slow links: give it longer (timeout_s= in "
-                    "Python, --timeout on the command line); echo=True shows the ranks' output as it comes")
+    timeout_hint = _TIMEOUT_HINT + "; echo=True shows the ranks' output as it comes"
     if network is None:
         where = hostfile or "loopback"
         per_rank = run_on_ranks(measure_on_rank, np, kwargs=kwargs, hostfile=hostfile, timeout_s=timeout_s,
@@ -137,6 +140,11 @@ def calibrate(np: int | None = None, hostfile: str | None = None, emulate: str |
                                     mpi_args=network.transport_args(), timeout_s=timeout_s, echo=echo, env=env,
                                     timeout_hint=timeout_hint, stall_s=STALL_S)
     return combine(per_rank, where)
+
+
+_TIMEOUT_HINT = ("a rank may wait in a collective for a rank that stopped (the ranks' last steps above), or the "
+                 "calls (up to 4 MiB a rank) need longer on slow links: give it longer (timeout_s= in Python, "
+                 "--timeout on the command line)")
 
 
 def _emulated_link(network, workers_per_machine: int | None) -> str:
@@ -174,24 +182,73 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
     if link_interface is None and network is not None:
         link_interface = _emulated_link(network, workers_per_machine)
     client, ids = cluster.client, cluster.engine_ids
-    pending = [client[eid].apply_async(measure_on_engine, job_arg, workers_per_machine, link_interface) for eid in ids]
-    per_rank = []
-    deadline = time.monotonic() + timeout_s
-    for rank, (eid, result) in enumerate(zip(ids, pending)):
+    hosts = {eid: cluster.host_of(eid) for eid in ids}
+    progress_dir = tempfile.mkdtemp(prefix="parallax-calibrate-")
+    try:
+        pending = [client[eid].apply_async(measure_on_engine, job_arg, workers_per_machine, link_interface,
+                                           progress_dir) for eid in ids]
+        failure = _wait_for_engines(cluster, pending, timeout_s, progress_dir)
+    finally:
+        shutil.rmtree(progress_dir, ignore_errors=True)
+    if failure is not None:
+        error, message, hint = failure
         try:
-            per_rank.append(result.get(timeout=max(0.1, deadline - time.monotonic())))
-        except Exception as e:   # a dead engine, a timeout, an error on a rank: the others wait in a collective
+            cluster.restart_engines()
             restarted = "the engines were restarted"
-            try:
-                cluster.restart_engines()
-            except Exception as again:   # noqa: BLE001 (the first failure is the one to report)
-                restarted = f"restarting the engines failed too ({again}); stop the cluster"
-            raise DistributedError(f"calibrating rank {rank} (engine {eid} on {cluster.host_of(eid)}) failed: "
-                                   f"{type(e).__name__}: {e}; {restarted}",
-                                   hint="fix the cause and calibrate again; timeout_s= gives slow links longer") from None
-    per_rank.sort(key=lambda r: r["rank"])
+        except Exception as again:   # noqa: BLE001 (the first failure is the one to report)
+            restarted = f"restarting the engines failed too ({again}); stop the cluster"
+        on = ", ".join(f"rank {rank} on {hosts[eid]}" for rank, eid in enumerate(ids))
+        raise error(f"calibrating the cluster's {len(ids)} engines ({on}) failed: {message}; {restarted}",
+                    hint=hint) from None
+    per_rank = sorted((result.get(0) for result in pending), key=lambda r: r["rank"])
     where = f"emulated {network.spec}" if network is not None else f"{len(ids)} engines of {cluster}"
     return combine(per_rank, where)
+
+
+def _wait_for_engines(cluster, pending: list, timeout_s: float, progress_dir: str):
+    """Wait until every engine's result of ``pending`` (rank order) is in: None then, else
+    ``(error class, message, hint)`` of the first of: a rank's error (the others wait for it
+    in a collective), :data:`~parallax_nb.launch.CONNECT_GRACE_S` after Open MPI's
+    failed-connection warning in the engines' mpiexec output, no rank's progress report in
+    ``progress_dir`` for :data:`STALL_S`, ``timeout_s``."""
+    from .errors import DistributedError, RankConnectionError
+    from .failures import read_progress
+    from .launch import CONNECT_GRACE_S, MPI_CONNECT_WARNING, connect_failure_note, mpi_connect_failure, progress_text
+
+    deadline = time.monotonic() + timeout_s
+    warned_at, connect = None, None
+    before = len(cluster.engine_output(tail=None))   # what mpiexec printed before this calibration
+    while True:
+        for rank, result in enumerate(pending):
+            if result.ready() and not result.successful():
+                try:
+                    result.get(0)
+                except Exception as e:   # the rank's own error, e.g. a RemoteError with its traceback
+                    return (DistributedError, f"rank {rank}: {type(e).__name__}: {e}",
+                            "the error above is that rank's; the other ranks were stopped")
+        if all(result.ready() for result in pending):
+            return None
+        now = time.monotonic()
+        if warned_at is None:
+            output = cluster.engine_output(tail=None)[before:]
+            if MPI_CONNECT_WARNING in output:
+                warned_at, connect = now, mpi_connect_failure(output)
+        elif now - warned_at >= CONNECT_GRACE_S:
+            return (RankConnectionError,
+                    f"Open MPI could not open a TCP connection between two of them ({connect}), "
+                    f"said the job may now hang or fail, and {CONNECT_GRACE_S:g} s later it had not finished",
+                    "check that every machine reaches the others over TCP on the interface the engines use; "
+                    "where a host was only loaded for a moment, calibrate again")
+        reports = read_progress(progress_dir)
+        if reports and time.time() - max(t for t, _ in reports.values()) >= STALL_S:
+            return (DistributedError, f"they made no progress for {STALL_S:g} s; the ranks' last steps: "
+                                      f"{progress_text(reports)}", _TIMEOUT_HINT)
+        if now >= deadline:
+            note = connect_failure_note(cluster.engine_output(tail=None)[before:])
+            return (RankConnectionError if note else DistributedError,
+                    f"they did not finish within {timeout_s:g} s{note}; the ranks' last steps: "
+                    f"{progress_text(reports)}", _TIMEOUT_HINT)
+        time.sleep(min(ENGINES_POLL_S, max(0.0, deadline - now)))
 
 
 def _network(emulate, hostfile):

@@ -376,7 +376,7 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
                                         "run it again")
         if stopped == "stall":
             raise DistributedError(f"{np}-rank job made no progress for {stall_s:g} s and was stopped; the ranks' "
-                                   f"last steps: {_progress_text(read_progress(workdir))}; last output:\n"
+                                   f"last steps: {progress_text(read_progress(workdir))}; last output:\n"
                                    f"{_tail(output)}", hint=timeout_hint)
         if stopped == "timeout":
             note = connect_failure_note(output)
@@ -427,7 +427,7 @@ def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float, progress_d
             continue
 
 
-def _progress_text(reports: dict) -> str:
+def progress_text(reports: dict) -> str:
     """``rank 0: timing alltoall/cross at 4 MiB (95 s ago); rank 1: ...`` of :func:`read_progress`."""
     now = time.time()
     return "; ".join(f"rank {rank}: {text} ({now - t:.0f} s ago)" for rank, (t, text) in sorted(reports.items())) \

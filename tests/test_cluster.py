@@ -3,6 +3,7 @@
 One cluster for the whole module (module-scoped fixture); every run uses it, so the tests
 also prove that a stopped, failed or aborted run leaves the cluster usable.
 """
+import importlib
 import os
 import stat
 import time
@@ -315,7 +316,7 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
         progress_seen = progress_seen or (0 < the_run.steps_done < steps and not the_run.done)
         time.sleep(0.05)
     if not the_run.done:
-        output = cluster._engine_output()[-1500:]
+        output = cluster.engine_output()[-1500:]
         the_run.stop(timeout=60)
         pytest.fail(f"{architecture} run made {the_run.steps_done} steps in 150 s; engine output:\n{output}")
     the_run.wait()
@@ -383,6 +384,93 @@ def test_repeated_hybrid_runs_do_not_grow_engine_memory(cluster, job):
     graphs = _traced_graphs_alive(cluster)
     assert graphs == [0, 0], f"traced step graphs still alive on the engines after the runs: {graphs}"
     assert max(growth) < 0.4 * runs, f"engine RSS grew by {growth} MiB over {runs} HYBRID runs"
+
+
+def _report_then_sleep(progress_dir, sleep_s, warning=None, fail_rank=None):
+    """On an engine: report a step into ``progress_dir`` as a calibration's ranks do, print
+    ``warning`` to mpiexec from rank 1 (Open MPI's own output, not the engine's), raise on
+    ``fail_rank``, then sleep."""
+    import os
+    import time
+
+    from parallax_nb.failures import ERROR_DIR_ENV, mpi_rank, report_progress
+
+    rank = mpi_rank()
+    os.environ[ERROR_DIR_ENV] = progress_dir
+    try:
+        report_progress(f"step one of rank {rank}")
+    finally:
+        del os.environ[ERROR_DIR_ENV]
+    if warning and rank == 1:
+        os.write(2, warning.encode())
+    if rank == fail_rank:
+        raise ValueError(f"rank {rank} fails on purpose")
+    time.sleep(sleep_s)
+    return {"rank": rank}
+
+
+def _engines_wait(cluster, tmp_path, sleep_s, **kwargs):
+    """``(failure, seconds)`` of calibrate's wait for the engines running :func:`_report_then_sleep`;
+    the engines are left to finish their sleep (no restart needed)."""
+    from parallax_nb.calibrate import _wait_for_engines
+
+    from parallax_nb.cluster.dispatch import _pickle_function
+
+    call = _pickle_function(_partial(_report_then_sleep, progress_dir=str(tmp_path), sleep_s=sleep_s, **kwargs))
+    pending = []
+    for eid in cluster.engine_ids:   # shipped by value: engines cannot import the tests
+        cluster.client[eid].push({"px_call": call}, block=True)
+        pending.append(cluster.client[eid].execute("import cloudpickle; cloudpickle.loads(px_call)()", block=False))
+    start = time.monotonic()
+    failure = _wait_for_engines(cluster, pending, timeout_s=60, progress_dir=str(tmp_path))
+    took = time.monotonic() - start
+    for result in pending:
+        try:
+            result.get(timeout=60)
+        except Exception:   # noqa: BLE001 (the rank that failed on purpose)
+            pass
+    return failure, took
+
+
+def test_engines_calibration_waits_for_ranks_that_progress(cluster, tmp_path, monkeypatch):
+    calibrate = importlib.import_module("parallax_nb.calibrate")   # px.calibrate is the function
+
+    monkeypatch.setattr(calibrate, "STALL_S", 5.0)
+    failure, took = _engines_wait(cluster, tmp_path, 2.0)
+    assert failure is None and took < 30, (failure, took)
+
+
+def test_engines_calibration_that_stops_progressing_is_named_before_its_cap(cluster, tmp_path, monkeypatch):
+    """Ranks whose last report is STALL_S old: the wait ends then, naming each rank's last step."""
+    calibrate = importlib.import_module("parallax_nb.calibrate")   # px.calibrate is the function
+
+    monkeypatch.setattr(calibrate, "STALL_S", 2.0)
+    (error, message, hint), took = _engines_wait(cluster, tmp_path, 10.0)
+    assert error is DistributedError and took < 8, (error, took)
+    assert "made no progress for 2 s" in message and "rank 0: step one of rank 0" in message \
+        and "rank 1: step one of rank 1" in message, message
+    assert "timeout_s=" in hint
+
+
+def test_engines_calibration_after_open_mpis_failed_connection_is_stopped_with_it_named(cluster, tmp_path,
+                                                                                         monkeypatch):
+    """Open MPI's warning in the engines' mpiexec output (printed there by rank 1, as the real
+    failure cannot be brought about on demand): stopped the grace period after it."""
+    from parallax_nb import launch
+    from parallax_nb.errors import RankConnectionError
+
+    from reliability_cases import CONNECT_WARNING
+
+    monkeypatch.setattr(launch, "CONNECT_GRACE_S", 2.0)
+    (error, message, hint), took = _engines_wait(cluster, tmp_path, 12.0, warning=CONNECT_WARNING)
+    assert error is RankConnectionError and took < 10, (error, took)
+    assert "on pxnbd9cbm0: connect() to 10.213.1.3:1024 failed: Operation now in progress (115)" in message, message
+
+
+def test_engines_calibration_names_a_failed_rank_at_once(cluster, tmp_path):
+    (error, message, _), took = _engines_wait(cluster, tmp_path, 10.0, fail_rank=1)
+    assert error is DistributedError and took < 8, (error, took)
+    assert message.startswith("rank 1: ") and "rank 1 fails on purpose" in message, message
 
 
 def test_stop_leaves_no_process(cluster):

@@ -178,9 +178,19 @@ def engines_calibration(cluster):
     key = tuple(cluster.engine_ids)
     if key not in _CALIBRATIONS:
         start = time.monotonic()
-        _CALIBRATIONS[key] = px.calibrate(cluster=cluster)
+        try:
+            calibration = px.calibrate(cluster=cluster)
+        except DistributedError as e:
+            # A calibration that stops progressing or loses a connection is stopped, named, and
+            # its engines restarted. One of about ten runs of this module did not finish its
+            # calibration here (2026-11-29, cause not found); the tests that use it are about
+            # training, so that failure is printed and the engines calibrated once more.
+            print(f"\npx.calibrate(cluster=...) failed after {time.monotonic() - start:.0f} s, calibrating again: {e}")
+            calibration = px.calibrate(cluster=cluster)
+        key = tuple(cluster.engine_ids)   # a restart gives the engines new ids
+        _CALIBRATIONS[key] = calibration
         print(f"\npx.calibrate(cluster=...) on the engines in {time.monotonic() - start:.1f} s:\n"
-              f"{fits_table(_CALIBRATIONS[key])}")
+              f"{fits_table(calibration)}")
     return _CALIBRATIONS[key]
 
 

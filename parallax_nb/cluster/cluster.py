@@ -341,7 +341,7 @@ class Cluster:
                 self._client = self._ipp.connect_client_sync()
                 self._wait_for_engines()
             except BaseException as e:
-                output = self._engine_output()
+                output = self.engine_output()
                 self.stop()
                 if isinstance(e, KeyboardInterrupt):
                     raise
@@ -354,11 +354,23 @@ class Cluster:
         self.start_time_s = time.monotonic() - t0
         return self
 
-    def _engine_output(self) -> str:
-        try:
-            return "\n".join(es.get_output(remove=False)[-2000:] for es in self._ipp.engines.values())
-        except Exception:
-            return ""
+    def engine_output(self, tail: int | None = 2000) -> str:
+        """What the engines' mpiexec has printed so far (its last ``tail`` characters; None:
+        all), "" when it cannot be read. Read from the launcher's output file each time:
+        ipyparallel's ``get_output`` keeps its first reading."""
+        texts = []
+        for es in (self._ipp.engines.values() if self._ipp is not None else ()):
+            try:
+                path = getattr(es, "output_file", None)
+                if path:
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        text = f.read()
+                else:
+                    text = es.get_output(remove=False)
+            except Exception:   # noqa: BLE001 (a launcher that is gone: nothing to read)
+                continue
+            texts.append(text[-tail:] if tail else text)
+        return "\n".join(texts)
 
     def _wait_for_engines(self, old_pids: frozenset = frozenset()) -> None:
         """Wait until ``n`` engines whose pids are not in ``old_pids`` answer; learn their ranks.

@@ -151,7 +151,7 @@ class RunController:
             remote_tb = "".join(traceback.format_exception(exc))
         message = f"rank {rank} (engine {engine_id} on host {host}) failed: {ename}: {evalue}"
         if ename == "EngineError":
-            output = self._mpi_output or self.cluster._engine_output()
+            output = self._mpi_output or self.cluster.engine_output()
             culprit = self._error_file_report() or _rank_report(output) or _mpi_exit_culprit(output)
             if culprit is not None:
                 rank, how = culprit
@@ -169,7 +169,7 @@ class RunController:
         return err
 
     def _restart_engines(self) -> None:
-        self._mpi_output = self._mpi_output or self.cluster._engine_output()
+        self._mpi_output = self._mpi_output or self.cluster.engine_output()
         try:
             self.cluster.restart_engines()
             self.restarted_engines = True
@@ -258,7 +258,7 @@ class RunController:
                     # named at once; holding the cluster's lock, so that its next use (a new run,
                     # status) waits for the restarted engines
                     with self.cluster._lock:
-                        self._mpi_output = self._mpi_output or self.cluster._engine_output()
+                        self._mpi_output = self._mpi_output or self.cluster.engine_output()
                         self.run.fail(self._error_for(rank, exc, others_restarted=True))
                         self._restart_engines()
                     return

@@ -47,14 +47,28 @@ def link_counters() -> tuple[int, int] | None:
     return interface_totals(interface)
 
 
-def measure_on_engine(job=None, workers_per_machine: int | None = None, link_interface: str | None = None) -> dict:
+def measure_on_engine(job=None, workers_per_machine: int | None = None, link_interface: str | None = None,
+                      progress_dir: str | None = None) -> dict:
     """``px.calibrate(cluster=...)`` on one engine: :func:`parallax_nb.runtime.calibrate.measure_on_rank`
     reading the link the cluster named for its engines (:data:`LINK_INTERFACE_ENV`, e.g. an
-    emulated machine's ``eth0``) unless ``link_interface`` is given."""
+    emulated machine's ``eth0``) unless ``link_interface`` is given. ``progress_dir``: the
+    notebook's folder for each step's report (:func:`~parallax_nb.failures.report_progress`),
+    written where this engine sees it (an emulated machine, a shared filesystem), so a
+    calibration that stops progressing is named before its cap."""
+    from ..failures import ERROR_DIR_ENV
     from ..runtime.calibrate import measure_on_rank
 
-    return measure_on_rank(job=job, workers_per_machine=workers_per_machine,
-                           link_interface=link_interface or os.environ.get(LINK_INTERFACE_ENV) or None)
+    before = os.environ.get(ERROR_DIR_ENV)
+    if progress_dir and os.path.isdir(progress_dir):
+        os.environ[ERROR_DIR_ENV] = progress_dir
+    try:
+        return measure_on_rank(job=job, workers_per_machine=workers_per_machine,
+                               link_interface=link_interface or os.environ.get(LINK_INTERFACE_ENV) or None)
+    finally:
+        if before is None:
+            os.environ.pop(ERROR_DIR_ENV, None)
+        else:
+            os.environ[ERROR_DIR_ENV] = before
 
 
 class StopFlag:

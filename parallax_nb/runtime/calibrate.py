@@ -169,6 +169,7 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     if hierarchy is not None and hvd.size() > 1:   # engines go on training: no set a run does not use stays
         from .context import remove_process_sets
 
+        report_progress("starting Horovod again without the process sets")
         remove_process_sets([hierarchy.peers_of(i) for i in range(hierarchy.G)])
     if job is not None:   # step 5: the compute again, whether the cores' speed held
         report_progress("timing the job's compute again")
@@ -370,7 +371,10 @@ def _cross_set_calls(hvd, hierarchy) -> dict:
     local index (every rank adds all of them, in the same order)."""
     from .context import process_sets
 
+    from ..failures import report_progress
+
     h = hierarchy
+    report_progress("starting Horovod again with a process set per local index")
     sets = process_sets([h.peers_of(i) for i in range(h.G)])
     mine = sets[h.local]
     calls = {
