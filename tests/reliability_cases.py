@@ -20,6 +20,21 @@ import time
 
 HANG_S = 3600.0
 
+# Open MPI's warning as mpirun printed it when a calibration between emulated machines hung
+# (2026-11-29); ranks print it in the tests, as the real failure cannot be brought about on demand.
+CONNECT_WARNING = """--------------------------------------------------------------------------
+WARNING: Open MPI failed to TCP connect to a peer MPI process.  This
+should not happen.
+
+Your Open MPI job may now hang or fail.
+
+  Local host: pxnbd9cbm0
+  PID:        28199
+  Message:    connect() to 10.213.1.3:1024 failed
+  Error:      Operation now in progress (115)
+--------------------------------------------------------------------------
+"""
+
 
 def _rank() -> int:
     for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK"):
@@ -340,6 +355,18 @@ def hang_in_step_1(shard_index: int, num_shards: int):
     return _generated(_lm_corpus_shard(shard_index, num_shards), before)
 
 
+def connect_warning_then_hang(shard_index: int, num_shards: int):
+    """Shard 1 prints Open MPI's failed-connection warning (:data:`CONNECT_WARNING`), then its
+    reader hangs before its first example."""
+    def before(i, _):
+        if shard_index == 1:
+            _mark("hang_at")
+            print(CONNECT_WARNING, flush=True)
+            time.sleep(HANG_S)
+
+    return _generated(_lm_corpus_shard(shard_index, num_shards), before)
+
+
 def killed_at_step_4(shard_index: int, num_shards: int):
     """Shard 1 SIGKILLs its own process when training reads example KILL_AT_EXAMPLE."""
     def before(i, passes):
@@ -386,6 +413,10 @@ def hang_in_first_batch_job():
 
 def hang_in_step_1_job():
     return _lm(hang_in_step_1, "lm-hang-step-1")
+
+
+def connect_warning_then_hang_job():
+    return _lm(connect_warning_then_hang, "lm-connect-warning")
 
 
 def killed_at_step_4_job():

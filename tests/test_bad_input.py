@@ -587,6 +587,23 @@ def test_cli_hang_before_step_2_is_caught_within_timeout_plus_10_s_naming_the_ra
 
 
 @pytest.mark.mpi
+def test_cli_run_stopped_at_its_timeout_names_open_mpis_failed_connection(lm_plan_file, tmp_path):
+    """A rank prints Open MPI's failed-connection warning and hangs (no step timeout): the
+    run's --timeout stops it, and the error names the connection; no process is left."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    proc = _launch(["run", "reliability_cases:connect_warning_then_hang_job", "--plan", lm_plan_file["ar"], "--np", 2,
+                    "--steps", 4, "--timeout", 60, "--output", tmp_path / "out"], markers=markers)
+    code, err = _finish(proc, timeout=240)
+    assert (markers / "hang_at").exists(), err[-3000:]
+    assert code == 2, err[-3000:]
+    _assert_clear(_final_error(err), r"the run did not finish within 60 s and was stopped \(Open MPI had reported a "
+                                     r"failed TCP connection between two of its ranks: on pxnbd9cbm0: connect\(\) to "
+                                     r"10\.213\.1\.3:1024 failed: Operation now in progress \(115\)\)")
+    assert not _mpi_children()
+
+
+@pytest.mark.mpi
 def test_cli_names_a_sigkilled_rank_and_its_host(lm_plan_file, tmp_path):
     import socket
 

@@ -8,6 +8,7 @@ import pytest
 
 from parallax_nb.errors import ConfigError, DistributedError
 from parallax_nb.launch import mpirun_command, run_on_ranks
+from reliability_cases import CONNECT_WARNING   # Open MPI's warning, as mpirun printed it
 
 
 def _whoami(offset):
@@ -225,21 +226,6 @@ def test_a_rank_that_started_mpi_through_mpi4py_ends_cleanly():
     although every rank returned)."""
     assert run_on_ranks(_mpi4py_before_horovod, 2, timeout_s=120) == [2, 3]
 
-
-# Open MPI's warning as mpirun printed it when a calibration between emulated machines hung
-# (2026-11-29); a rank prints it here, as the real failure cannot be brought about on demand.
-CONNECT_WARNING = """--------------------------------------------------------------------------
-WARNING: Open MPI failed to TCP connect to a peer MPI process.  This
-should not happen.
-
-Your Open MPI job may now hang or fail.
-
-  Local host: pxnbd9cbm0
-  PID:        28199
-  Message:    connect() to 10.213.1.3:1024 failed
-  Error:      Operation now in progress (115)
---------------------------------------------------------------------------
-"""
 
 
 def test_open_mpis_failed_connection_is_read_from_its_warning():
