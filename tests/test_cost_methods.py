@@ -17,6 +17,22 @@ def test_the_table_has_one_entry_per_method_and_kind_and_one_per_kind_per_baseli
     assert all(set(by_kind) == set(Kind) for by_kind in BASELINES.values())
 
 
+@pytest.mark.parametrize("aggregation", [True, False])
+@pytest.mark.parametrize("machines,workers", [(1, 4), (2, 1), (4, 2), (3, 4)])
+def test_every_entry_of_a_variables_table_is_its_cost_function_s(machines, workers, aggregation):
+    """A variable's table shares a dense baseline's entry with a method's where the two
+    coincide (e.g. plain Horovod's allreduce and AR): each shared entry is what its own cost
+    function gives on that cluster."""
+    cluster = ClusterSpec(machines=machines, workers_per_machine=workers, local_aggregation=aggregation)
+    for var in (dense_var(), sparse_var(unions=[1000, 1900, 2700, 3400])):
+        table = variable_cost(var, cluster).methods
+        functions = {**{m.value: METHOD_COSTS[(m, var.kind)] for m in Method},
+                     **{key: by_kind[var.kind] for key, by_kind in BASELINES.items()}}
+        assert set(table) == set(functions)
+        for key, function in functions.items():
+            assert table[key] == function(var, cluster), (var.kind, key)
+
+
 def test_tf_ps_baseline_is_ps_with_every_worker_on_its_own():
     """N = 4, G = 4, R = 100,000 rows, m = 25,600,000 B, alpha_1 = 0.01 (union of 4: 0.034).
 

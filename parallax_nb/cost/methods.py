@@ -325,9 +325,10 @@ BASELINES: Mapping[str, Mapping[Kind, CostFunction]] = {
 _ENTRIES = {kind: [(method.value, METHOD_COSTS[(method, kind)]) for method in Method]
             + [(key, by_kind[kind]) for key, by_kind in BASELINES.items()] for kind in Kind}
 # a baseline that is a method's entry on the same cluster: (baseline key, method key, the cluster's
-# local aggregation for which they coincide); dense only (see the baselines' definitions)
-_SAME_AS = ((SPARSE_AS_DENSE, Method.AR.value, True), (PLAIN_HOROVOD, Method.AR.value, True),
-            (TF_PS, Method.PS.value, False), (PLAIN_HOROVOD, SPARSE_AS_DENSE, False))
+# local aggregation for which they coincide: True, False or None for both); dense only (see the
+# baselines' definitions: a dense AR is priced as Horovod's flat allreduce with the switch on or off)
+_SAME_AS = ((SPARSE_AS_DENSE, Method.AR.value, None), (PLAIN_HOROVOD, Method.AR.value, None),
+            (TF_PS, Method.PS.value, False))
 
 
 class CostTable(dict):
@@ -409,7 +410,7 @@ _FUSED_ALLGATHERS = {Method.AR.value: ar_sparse, PLAIN_HOROVOD: horovod_sparse}
 # which baseline shares which entry
 _LAYOUT = {(kind, aggregated): (_ENTRIES[kind][:len(Method)], dict(_ENTRIES[kind][len(Method):]),
                                 {key: method for key, method, on in _SAME_AS
-                                 if kind is Kind.DENSE and aggregated == on})
+                                 if kind is Kind.DENSE and on in (None, aggregated)})
            for kind in Kind for aggregated in (True, False)}
 
 
