@@ -16,6 +16,14 @@ rank at 60-100 % of a core, and 50 to 1,600 ms a step that varied from run to ru
 ``hvd.shutdown()`` after a barrier (a shutdown ends the Horovod operations of every rank, so
 none may still be in one); resuming is ``hvd.init()`` again, about 1-3 ms each.
 
+Engines do not park between tasks, although Horovod left running keeps negotiating while the
+notebook is idle: after a calibration the 4 engines of an emulated 2 x 2 cluster each took
+44-47 % of a core, doing nothing (2026-11-29). Parked after every run and calibration they
+took 0-1 %, but resuming Horovod at the next task stalled it in 4 of 8 resumes there: an
+engine stopped answering the controller's heartbeats and was dropped (3), or a 10-step run took
+39 s instead of 4-7 s. The restarts of :func:`process_sets` are the same shutdown and init,
+and a calibration on engines makes two (cause not found).
+
 Process sets (:func:`process_sets`): the sets a run needs (the ranks of one machine, for
 local aggregation; one local index across machines, for calibration) are given to
 ``hvd.init``, and Horovod is restarted (a barrier, ``hvd.shutdown()``, ``hvd.init()`` with the
