@@ -160,7 +160,6 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
     """:func:`calibrate` on the engines of a started ``px.Cluster`` (each runs
     :func:`~parallax_nb.cluster.engine.measure_on_engine`), combined in rank order."""
     from .cluster.cluster import Cluster
-    from .errors import DistributedError
 
     if not isinstance(cluster, Cluster):
         raise ConfigError(f"calibrate(cluster=...) needs a px.Cluster, got {type(cluster).__name__}",
