@@ -212,7 +212,8 @@ def _wait_for_engines(cluster, pending: list, timeout_s: float, progress_dir: st
     ``progress_dir`` for :data:`STALL_S`, ``timeout_s``."""
     from .errors import DistributedError, RankConnectionError
     from .failures import read_progress
-    from .launch import CONNECT_GRACE_S, MPI_CONNECT_WARNING, connect_failure_note, mpi_connect_failure, progress_text
+    from .launch import (CONNECT_GRACE_S, CONNECT_HINT, MPI_CONNECT_WARNING, connect_failure_note, connect_stopped,
+                         mpi_connect_failure, progress_stalled, progress_text)
 
     deadline = time.monotonic() + timeout_s
     warned_at, connect = None, None
@@ -233,13 +234,9 @@ def _wait_for_engines(cluster, pending: list, timeout_s: float, progress_dir: st
             if MPI_CONNECT_WARNING in output:
                 warned_at, connect = now, mpi_connect_failure(output)
         elif now - warned_at >= CONNECT_GRACE_S:
-            return (RankConnectionError,
-                    f"Open MPI could not open a TCP connection between two of them ({connect}), "
-                    f"said the job may now hang or fail, and {CONNECT_GRACE_S:g} s later it had not finished",
-                    "check that every machine reaches the others over TCP on the interface the engines use; "
-                    "where a host was only loaded for a moment, calibrate again")
+            return RankConnectionError, connect_stopped(connect), CONNECT_HINT
         reports = read_progress(progress_dir)
-        if reports and time.time() - max(t for t, _ in reports.values()) >= STALL_S:
+        if progress_stalled(reports, STALL_S):
             return (DistributedError, f"they made no progress for {STALL_S:g} s; the ranks' last steps: "
                                       f"{progress_text(reports)}", _TIMEOUT_HINT)
         if now >= deadline:

@@ -181,6 +181,18 @@ def mpi_connect_failure(output: str) -> str | None:
     return where + what
 
 
+#: what to do about a job stopped after :data:`MPI_CONNECT_WARNING`
+CONNECT_HINT = ("check that every machine reaches the others over TCP on the interface the job uses "
+                "(btl_tcp_if_include); where a host was only loaded for a moment, run it again")
+
+
+def connect_stopped(connect: str | None) -> str:
+    """Why a job was stopped :data:`CONNECT_GRACE_S` after Open MPI's failed-connection warning,
+    ``connect`` being what it said (:func:`mpi_connect_failure`)."""
+    return (f"Open MPI could not open a TCP connection between two of its ranks ({connect}), said the job may "
+            f"now hang or fail, and {CONNECT_GRACE_S:g} s later it had not finished")
+
+
 def connect_failure_note(output: str) -> str:
     """`` (Open MPI had reported a failed TCP connection ...: <what>)`` for a timeout's message
     when ``output`` has Open MPI's warning (:func:`mpi_connect_failure`), else ``""``."""
@@ -367,13 +379,8 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
             raise DistributedError(f"rank {rank} of {np} failed{others}:\n{text.rstrip()}",
                                    hint="the traceback above is from that rank; the other ranks were stopped")
         if stopped == "connect":
-            raise RankConnectionError(f"{np}-rank job stopped: Open MPI could not open a TCP connection between two of "
-                                   f"its ranks ({mpi_connect_failure(output)}), said the job may now hang or fail, "
-                                   f"and {CONNECT_GRACE_S:g} s later it had not finished; last output:\n"
-                                   f"{_tail(output)}",
-                                   hint="check that every machine reaches the others over TCP on the interface the "
-                                        "job uses (btl_tcp_if_include); where a host was only loaded for a moment, "
-                                        "run it again")
+            raise RankConnectionError(f"{np}-rank job stopped: {connect_stopped(mpi_connect_failure(output))}; "
+                                      f"last output:\n{_tail(output)}", hint=CONNECT_HINT)
         if stopped == "stall":
             raise DistributedError(f"{np}-rank job made no progress for {stall_s:g} s and was stopped; the ranks' "
                                    f"last steps: {progress_text(read_progress(workdir))}; last output:\n"
@@ -416,15 +423,19 @@ def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float, progress_d
             return "connect"
         if now >= deadline:
             return "timeout"
-        if progress_dir is not None:
-            reports = read_progress(progress_dir)
-            if reports and time.time() - max(t for t, _ in reports.values()) >= stall_s:
-                return "stall"
+        if progress_dir is not None and progress_stalled(read_progress(progress_dir), stall_s):
+            return "stall"
         try:
             proc.wait(timeout=min(0.5, deadline - now))
             return None
         except subprocess.TimeoutExpired:
             continue
+
+
+def progress_stalled(reports: dict, stall_s: float) -> bool:
+    """Whether the newest of the ranks' progress reports (:func:`read_progress`) is ``stall_s``
+    old; False before the first."""
+    return bool(reports) and time.time() - max(t for t, _ in reports.values()) >= stall_s
 
 
 def progress_text(reports: dict) -> str:

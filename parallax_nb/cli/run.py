@@ -30,6 +30,7 @@ import sys
 import tempfile
 
 from ..errors import ConfigError, DistributedError, ParallaxError
+from ..failures import ERROR_DIR_ENV
 from ..sync_flags import add_sync_arguments, apply_sync_flags, check_sync_flags
 
 
@@ -177,7 +178,7 @@ def _run_mpirun(args, errors: str) -> int:
 
     argv = [sys.executable, "-m", "parallax_nb", "run", *_argv_of(args)]
     cmd = mpirun_command(args.np, argv, hostfile=args.hostfile)
-    env = rank_environment({"PARALLAX_NB_RANK_ERROR_DIR": errors})
+    env = rank_environment({ERROR_DIR_ENV: errors})
     print(f"parallax_nb run: {args.np} ranks: {' '.join(cmd[:6])} ...", file=sys.stderr, flush=True)
     proc = start_mpirun(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pumps = [OutputPump(proc.stdout, echo=True, sink=sys.stdout), OutputPump(proc.stderr, echo=True, sink=sys.stderr)]
@@ -328,7 +329,7 @@ def _rank_main(args) -> int:
             plan = plan.with_methods({}, partitions={n: int(args.partitions) for n in plan.ps_variables})
         _train_and_write(job, plan, args, info, search, profile)
     except BaseException as exc:  # noqa: BLE001 - report, then let mpirun stop the other ranks
-        report_rank_failure(exc, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
+        report_rank_failure(exc, os.environ.get(ERROR_DIR_ENV))
         sys.stderr.flush()
         os._exit(1)
     from ..runtime.context import shutdown

@@ -26,6 +26,7 @@ import signal
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from typing import Any, Callable
 
 STOP_SIGNAL = signal.SIGUSR1
@@ -55,15 +56,25 @@ def measure_on_engine(job=None, workers_per_machine: int | None = None, link_int
     notebook's folder for each step's report (:func:`~parallax_nb.failures.report_progress`),
     written where this engine sees it (an emulated machine, a shared filesystem), so a
     calibration that stops progressing is named before its cap."""
-    from ..failures import ERROR_DIR_ENV
     from ..runtime.calibrate import measure_on_rank
 
-    before = os.environ.get(ERROR_DIR_ENV)
-    if progress_dir and os.path.isdir(progress_dir):
-        os.environ[ERROR_DIR_ENV] = progress_dir
-    try:
+    with rank_folder(progress_dir):
         return measure_on_rank(job=job, workers_per_machine=workers_per_machine,
                                link_interface=link_interface or os.environ.get(LINK_INTERFACE_ENV) or None)
+
+
+@contextmanager
+def rank_folder(folder: str | None):
+    """While it lasts, this rank's errors and progress go to the notebook's ``folder``
+    (:data:`~parallax_nb.failures.ERROR_DIR_ENV`) where this engine sees it (this host, an
+    emulated machine, a shared filesystem); elsewhere, and without one, nothing changes."""
+    from ..failures import ERROR_DIR_ENV
+
+    before = os.environ.get(ERROR_DIR_ENV)
+    if folder and os.path.isdir(folder):
+        os.environ[ERROR_DIR_ENV] = folder
+    try:
+        yield
     finally:
         if before is None:
             os.environ.pop(ERROR_DIR_ENV, None)
@@ -280,19 +291,12 @@ def _train(job_bytes: bytes, plan_dict: dict | None, steps: int, options: dict, 
         kwargs["checkpoint_every"] = int(options["checkpoint_every"])
     # a rank that gives up (the runtime's step watchdog) writes why to error-<rank>.txt there:
     # its stderr goes to the notebook through IOPub, which a process ending at once never flushes
-    error_dir = options.get("error_dir")
-    previous_error_dir = os.environ.get("PARALLAX_NB_RANK_ERROR_DIR")
-    if error_dir and os.path.isdir(error_dir):
-        os.environ["PARALLAX_NB_RANK_ERROR_DIR"] = error_dir
     progress.listen(publish_phase)
     try:
-        result = train_fn(job, plan, steps, **kwargs)
+        with rank_folder(options.get("error_dir")):
+            result = train_fn(job, plan, steps, **kwargs)
     finally:
         progress.unlisten(publish_phase)
-        if previous_error_dir is None:
-            os.environ.pop("PARALLAX_NB_RANK_ERROR_DIR", None)
-        else:
-            os.environ["PARALLAX_NB_RANK_ERROR_DIR"] = previous_error_dir
 
     history = list(getattr(result, "history", []) or [])
     out = dict(rank=rank, size=size, host=socket.gethostname(), pid=os.getpid(),

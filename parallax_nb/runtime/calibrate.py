@@ -369,9 +369,8 @@ def _collective_calls(hvd, hierarchy) -> dict:
 def _cross_set_calls(hvd, hierarchy) -> dict:
     """Allreduce and allgather among one local index on every machine, in a process set per
     local index (every rank adds all of them, in the same order)."""
-    from .context import process_sets
-
     from ..failures import report_progress
+    from .context import process_sets
 
     h = hierarchy
     report_progress("starting Horovod again with a process set per local index")

@@ -25,6 +25,7 @@ import threading
 import time
 
 from ..errors import DistributedError
+from ..failures import ERROR_DIR_ENV
 
 SLOW_LIMIT_S = 300.0
 FLUSH_S = 1.0  # a running step's heartbeat reaches its file at most this late
@@ -167,7 +168,7 @@ class Watchdog(threading.Thread):
                 continue
             from ..failures import report_rank_failure
 
-            report_rank_failure(error, os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"))
+            report_rank_failure(error, os.environ.get(ERROR_DIR_ENV))
             os._exit(3)
 
     def verdict(self, timeout: float) -> tuple[float, DistributedError | None]:
@@ -213,7 +214,7 @@ class Watchdog(threading.Thread):
 
 def start_watchdog(step_timeout_s: float, rank: int, ranks: int, host: str) -> Watchdog:
     """A started watchdog whose heartbeats live in the run's shared folder (if any)."""
-    heartbeats = Heartbeats(os.environ.get("PARALLAX_NB_RANK_ERROR_DIR"), rank, ranks, host)
+    heartbeats = Heartbeats(os.environ.get(ERROR_DIR_ENV), rank, ranks, host)
     watchdog = Watchdog(heartbeats, step_timeout_s)
     watchdog.watch("starting", 0, None)
     watchdog.start()
