@@ -18,7 +18,7 @@ none may still be in one); resuming is ``hvd.init()`` again, about 1-3 ms each.
 
 Engines do not park between tasks, although Horovod left running keeps negotiating while the
 notebook is idle: after a calibration the 4 engines of an emulated 2 x 2 cluster each took
-44-47 % of a core, doing nothing (2026-11-29). Parked after every run and calibration they
+44-49 % of a core, doing nothing (2026-11-29). Parked after every run and calibration they
 took 0-1 %, but resuming Horovod at the next task stalled it in 4 of 8 resumes there: an
 engine stopped answering the controller's heartbeats and was dropped (3), or a 10-step run took
 39 s instead of 4-7 s. The restarts of :func:`process_sets` are the same shutdown and init,
