@@ -48,10 +48,13 @@ In order, identical on every rank:
    * ``all``: over every rank (equal alltoall splits);
    * ``machine``: in the machine's process set (:meth:`.hierarchical.Hierarchy.alltoall`);
    * ``cross``: alltoall over all ranks with zero-length parts to every rank but the own
-     local index on the other machines (the runtime's cross steps); allreduce and allgather,
-     which the runtime does not issue across machines alone, in a process set per local
-     index, added last so that the steps before saw only the sets of a run, and removed at
-     the end (engines go on to train, and a set costs Horovod's loop its negotiation).
+     local index on the other machines (the runtime's cross steps). The runtime issues no
+     allreduce or allgather across machines alone, and they are not timed: they would need a
+     Horovod process set per local index, that is two restarts of Horovod (to add the sets
+     and to remove them again), and a restart is where calibrations on a notebook's engines
+     stalled (:mod:`.context`). Their fits had fed only the medians of the link's framing and
+     pace; re-read without them, the saved runs of 2026-11-28/29 predicted within the same
+     median and largest error (``benchmarks/README.md``).
 
    With a link to read, local rank 0 of each machine also reads its counters around each
    timed chain (after its barrier): the median over the chains of the link bytes and packets
@@ -151,26 +154,16 @@ def measure_on_rank(job=None, workers_per_machine: int | None = None, link_inter
     out["link"] = _idle_link(hvd, link_interface, idle_s)
     out["link_per_call"] = {}
     if hvd.size() > 1:
-        def time_calls(calls: dict) -> None:
-            for key, call in calls.items():
-                timed, stride, link = _time_sizes(_chained(call, chain), _chained(call, link_chain), hvd, barrier,
-                                                  key, sizes_bytes, chain, link_chain, repeats, stride_below,
-                                                  link_interface)
-                out["collectives"][key] = timed
-                out["stride"][key] = stride
-                if link is not None:
-                    out["link_per_call"][key] = link
-
-        time_calls(_collective_calls(hvd, hierarchy))
-        if hierarchy is not None:   # the sets per local index come last (see the module docstring)
-            time_calls(_cross_set_calls(hvd, hierarchy))
-    # the sets of other local indices may still be timing: nobody leaves (and shuts Horovod down) before them
+        for key, call in _collective_calls(hvd, hierarchy).items():
+            timed, stride, link = _time_sizes(_chained(call, chain), _chained(call, link_chain), hvd, barrier,
+                                              key, sizes_bytes, chain, link_chain, repeats, stride_below,
+                                              link_interface)
+            out["collectives"][key] = timed
+            out["stride"][key] = stride
+            if link is not None:
+                out["link_per_call"][key] = link
+    # the machines' sets may still be timing: nobody leaves (and shuts Horovod down) before them
     barrier("calibrate_done")
-    if hierarchy is not None and hvd.size() > 1:   # engines go on training: no set a run does not use stays
-        from .context import remove_process_sets
-
-        report_progress("starting Horovod again without the process sets")
-        remove_process_sets([hierarchy.peers_of(i) for i in range(hierarchy.G)])
     if job is not None:   # step 5: the compute again, whether the cores' speed held
         report_progress("timing the job's compute again")
         seconds, _ = _program_steps(job, None, hvd, barrier, warmup_steps, compute_steps, None)
@@ -363,24 +356,6 @@ def _collective_calls(hvd, hierarchy) -> dict:
             "alltoall/cross": lambda x, i: h.alltoall(
                 x, h.splits(h.cross_peers, [tf.shape(x)[0] // h.N] * h.N), f"px_cal_a2a_cross_{i}")[0],
         })
-    return calls
-
-
-def _cross_set_calls(hvd, hierarchy) -> dict:
-    """Allreduce and allgather among one local index on every machine, in a process set per
-    local index (every rank adds all of them, in the same order)."""
-    from ..failures import report_progress
-    from .context import process_sets
-
-    h = hierarchy
-    report_progress("starting Horovod again with a process set per local index")
-    sets = process_sets([h.peers_of(i) for i in range(h.G)])
-    mine = sets[h.local]
-    calls = {
-        "allreduce/cross": lambda x, i: hvd.allreduce(x, op=hvd.Sum, process_set=mine, name=f"px_cal_ar_cross_{i}"),
-        "allgather/cross": lambda x, i: allgather_own(hvd.allgather(x, process_set=mine,
-                                                                    name=f"px_cal_ag_cross_{i}"), x),
-    }
     return calls
 
 

@@ -21,12 +21,14 @@ notebook is idle: after a calibration the 4 engines of an emulated 2 x 2 cluster
 44-49 % of a core, doing nothing (2026-11-29). Parked after every run and calibration they
 took 0-1 %, but resuming Horovod at the next task stalled it in 4 of 8 resumes there: an
 engine stopped answering the controller's heartbeats and was dropped (3), or a 10-step run took
-39 s instead of 4-7 s. The restarts of :func:`process_sets` are the same shutdown and init,
-and a calibration on engines makes two (cause not found).
+39 s instead of 4-7 s. The restarts of :func:`process_sets` are the same shutdown and init
+(cause not found). The first run or calibration of several machines of several ranks on
+engines makes one, for the machines' sets; a calibration made two more until it stopped timing
+allreduce and allgather in a set per local index (it stalled in them once in a loop of five
+calibrations on engines).
 
 Process sets (:func:`process_sets`): the sets a run needs (the ranks of one machine, for
-local aggregation; one local index across machines, for calibration) are given to
-``hvd.init``, and Horovod is restarted (a barrier, ``hvd.shutdown()``, ``hvd.init()`` with the
+local aggregation) are given to ``hvd.init``, and Horovod is restarted (a barrier, ``hvd.shutdown()``, ``hvd.init()`` with the
 longer list) the first time a set is asked for. Horovod's dynamic sets
 (``hvd.add_process_set``) are not used: with them, 4 ranks on 2 emulated machines hung in
 about 1 of 20 launches while adding a machine's set (Horovod 0.28.1; one rank's background
@@ -176,17 +178,6 @@ def process_sets(wanted: list[list[int]]) -> list:
             _process_sets[key] = hvd.ProcessSet(list(key))
         _restart(hvd)
     return [hvd.global_process_set if key == world else _process_sets[key] for key in keys]
-
-
-def remove_process_sets(wanted: list[list[int]]) -> None:
-    """Stop the process sets of ``wanted`` that :func:`process_sets` started (a collective,
-    like starting them; a set never started is ignored). A set that stays costs every cycle
-    of Horovod's loop its negotiation, for the life of the engines. Remove the sets asked for
-    last: the sets after a removed one get new ids, which steps traced before do not know."""
-    hvd = horovod()
-    removed = [_process_sets.pop(tuple(ranks)) for ranks in wanted if tuple(ranks) in _process_sets]
-    if removed:
-        _restart(hvd)
 
 
 def rank_info() -> RankInfo:
