@@ -175,6 +175,7 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ConfigError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     job_arg = _check_job(job)
+    cluster.check_idle("calibrating")
     from .cluster.engine import measure_on_engine
 
     network = getattr(cluster, "network", None)
@@ -183,11 +184,19 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
     client, ids = cluster.client, cluster.engine_ids
     hosts = {eid: cluster.host_of(eid) for eid in ids}
     progress_dir = tempfile.mkdtemp(prefix="parallax-calibrate-")
+    occupant = "calibrating"
+    cluster.occupy(occupant)
     try:
         pending = [client[eid].apply_async(measure_on_engine, job_arg, workers_per_machine, link_interface,
                                            progress_dir) for eid in ids]
         failure = _wait_for_engines(cluster, pending, timeout_s, progress_dir)
+    except KeyboardInterrupt:
+        # stopped from the notebook: the engines would go on calibrating for the rest of it, and
+        # the next run or calibration wait behind them
+        _restart_after_interrupt(cluster)
+        raise
     finally:
+        cluster.vacate(occupant)
         shutil.rmtree(progress_dir, ignore_errors=True)
     if failure is not None:
         error, message, hint = failure
@@ -202,6 +211,19 @@ def _calibrate_engines(cluster, job, workers_per_machine, link_interface, timeou
     per_rank = sorted((result.get(0) for result in pending), key=lambda r: r["rank"])
     where = f"emulated {network.spec}" if network is not None else f"{len(ids)} engines of {cluster}"
     return combine(per_rank, where)
+
+
+def _restart_after_interrupt(cluster) -> None:
+    """Restart the engines of a calibration the notebook interrupted (their collectives cannot
+    be left half-way by one rank), saying so; a second interrupt leaves them as they are."""
+    print("calibration interrupted: restarting the engines (5-10 s) so that they stop calibrating", flush=True)
+    try:
+        cluster.restart_engines()
+    except KeyboardInterrupt:
+        print("the engines were not restarted: they finish the calibration by themselves (under a minute)",
+              flush=True)
+    except Exception as e:   # noqa: BLE001 - the interrupt is what the notebook asked for; report and go on
+        print(f"restarting the engines failed ({type(e).__name__}: {e}); stop the cluster", flush=True)
 
 
 def _wait_for_engines(cluster, pending: list, timeout_s: float, progress_dir: str):

@@ -473,6 +473,80 @@ def test_engines_calibration_names_a_failed_rank_at_once(cluster, tmp_path):
     assert message.startswith("rank 1: ") and "rank 1 fails on purpose" in message, message
 
 
+def test_busy_engines_refuse_a_calibration_and_a_second_run_naming_the_run(cluster, job):
+    """While a run trains, px.calibrate(cluster=...) and another run on the same engines are
+    refused at once, naming the run (before, they were queued behind it unseen: a calibration
+    waited up to its 30-minute cap); the run trains on, and after its stop the engines take work."""
+    import parallax_nb as px
+
+    the_run = run(job, None, engines=2, steps=100000, cluster=cluster, wait=False, display=False,
+                  train_fn=_partial(hvd_sgd_train, slow_s=0.2))
+    try:
+        _wait_for_steps(the_run, 2)
+        start = time.monotonic()
+        with pytest.raises(ConfigError) as calibrating:
+            px.calibrate(cluster=cluster)
+        with pytest.raises(ConfigError) as second:
+            run(job, None, engines=2, steps=3, cluster=cluster, wait=True, display=False, train_fn=hvd_sgd_train)
+        took = time.monotonic() - start
+        steps = the_run.steps_done
+        _wait_for_steps(the_run, steps + 2)   # still training
+    finally:
+        the_run.stop(timeout=40)
+    assert took < 10, took
+    for info, purpose in ((calibrating, "calibrating"), (second, "starting a run of lm-tiny")):
+        message = str(info.value)
+        assert message.startswith("the cluster's engines are still training lm-tiny (running, "), message
+        assert f"steps); {purpose} now would wait behind that run" in message, message
+        assert "run.stop()" in info.value.hint
+    assert the_run.status == "stopped"
+    cluster.check_idle("calibrating")   # free again: nothing raised
+    after = run(job, None, engines=2, steps=2, cluster=cluster, display=False, train_fn=hvd_sgd_train)
+    assert after.status == "done"
+
+
+def test_tasks_left_on_the_engines_are_named_before_new_work(cluster):
+    """Tasks sent to the engines by other means (an interrupted calibration's, a %px cell's) are
+    counted by the controller and named per rank; once they finish the engines take work."""
+    pending = [cluster.client[eid].execute("import time; time.sleep(4)", block=False) for eid in cluster.engine_ids]
+    deadline = time.monotonic() + 3   # the controller counts a task a moment after it was sent
+    while len(cluster.pending_tasks()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ConfigError) as info:
+        cluster.check_idle("calibrating")
+    ranks = ", ".join(f"rank {r} (engine {eid}): 1" for r, eid in enumerate(cluster.engine_ids))
+    for result in pending:
+        result.get(timeout=30)
+    cluster.check_idle("calibrating")
+    assert str(info.value).startswith(f"the cluster's engines have tasks that have not finished ({ranks}); "
+                                      f"calibrating now would wait behind them"), str(info.value)
+    assert "restart the engines" in info.value.hint
+
+
+def test_an_interrupted_calibration_restarts_the_engines_and_leaves_them_free(cluster, job, capsys):
+    """Ctrl-C while px.calibrate(cluster=...) waits: the engines are restarted (they would go on
+    calibrating, and the next task wait behind them), so the next run starts at once."""
+    import signal
+    import threading
+
+    import parallax_nb as px
+
+    pids = [e.pid for e in cluster.engines]
+    timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        px.calibrate(cluster=cluster)
+    took = time.monotonic() - start
+    timer.cancel()
+    assert took < 30, took
+    assert "calibration interrupted: restarting the engines" in capsys.readouterr().out
+    assert not set(pids) & {e.pid for e in cluster.engines}
+    cluster.check_idle("starting a run")
+    after = run(job, None, engines=2, steps=2, cluster=cluster, display=False, train_fn=hvd_sgd_train)
+    assert after.status == "done"
+
+
 def test_stop_leaves_no_process(cluster):
     """Last test of the module: stopping the shared cluster leaves no engine, mpiexec or controller."""
     pids = [e.pid for e in cluster.engines] + cluster.mpiexec_pids() + [cluster.controller_pid()]

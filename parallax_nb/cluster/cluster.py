@@ -227,6 +227,9 @@ class Cluster:
         self._reaper: subprocess.Popen | None = None
         self.start_time_s: float | None = None
         self.network = network     # an EmulatedCluster (emulate=): its machines host the engines
+        #: what this notebook has the engines doing (:meth:`occupy`): a Run, or a text such as
+        #: "calibrating", with the time it began; None when nothing
+        self._occupant: tuple[object, float] | None = None
 
     # ----- life cycle --------------------------------------------------------------------------
     def _profile_kwargs(self) -> dict:
@@ -481,6 +484,70 @@ class Cluster:
             self._private_dir = None
 
     # ----- state -------------------------------------------------------------------------------
+    # ----- one task at a time ------------------------------------------------------------------
+    def occupy(self, occupant) -> None:
+        """Mark the engines as doing ``occupant``'s work (a :class:`~parallax_nb.cluster.handle.Run`,
+        free again once it is done; or a text such as ``"calibrating"``, free at :meth:`vacate`).
+        :meth:`check_idle` names it to whoever asks for the engines meanwhile."""
+        self._occupant = (occupant, time.monotonic())
+
+    def vacate(self, occupant) -> None:
+        """End :meth:`occupy` of ``occupant`` (nothing when another took the engines since)."""
+        if self._occupant is not None and self._occupant[0] is occupant:
+            self._occupant = None
+
+    def pending_tasks(self) -> dict[int, int]:
+        """``{engine id: tasks sent to it and not finished}`` of this cluster's engines that have
+        any, as the controller counts them, less those whose result this notebook already holds
+        (the controller counts a task done a moment after its result arrived); {} when the
+        controller cannot be asked."""
+        ids = self.engine_ids
+        if not self.running or not ids:
+            return {}
+        client = self._client
+        try:
+            status = client.queue_status(targets=ids, verbose=True)
+        except Exception:   # noqa: BLE001 - a controller that does not answer is start()'s to report
+            return {}
+        pending = {}
+        for eid in ids:
+            queued = status.get(eid, {})
+            unfinished = [m for m in (*queued.get("queue", ()), *queued.get("tasks", ())) if m not in client.results]
+            if unfinished:
+                pending[eid] = len(unfinished)
+        return pending
+
+    def check_idle(self, purpose: str) -> None:
+        """A ConfigError before ``purpose`` (e.g. "calibrating") while the engines are busy: a run
+        of this notebook still training, a calibration under way, or tasks sent to them and not
+        finished (an interrupted calibration's, another notebook's). Work sent to busy engines
+        would wait behind it unseen; nothing is sent here."""
+        from .handle import Run
+
+        occupant = self._occupant
+        if occupant is not None:
+            what, since = occupant
+            if isinstance(what, Run):
+                if not what.done:
+                    name = getattr(what.job, "name", "a job")
+                    raise ConfigError(
+                        f"the cluster's engines are still training {name} ({what.status}, {what.steps_done} of "
+                        f"{what.steps} steps); {purpose} now would wait behind that run",
+                        hint="wait for it (run.wait()) or stop it (run.stop()) first")
+            else:
+                raise ConfigError(f"the cluster's engines are busy {what} (for {time.monotonic() - since:.0f} s); "
+                                  f"{purpose} now would wait behind it",
+                                  hint="wait until it has finished, or restart the engines "
+                                       "(cluster.restart_engines())")
+        pending = self.pending_tasks()
+        if pending:
+            listed = ", ".join(f"rank {e.rank} (engine {e.engine_id}): {pending[e.engine_id]}"
+                               for e in sorted(self._engines, key=lambda e: e.rank) if e.engine_id in pending)
+            raise ConfigError(f"the cluster's engines have tasks that have not finished ({listed}); "
+                              f"{purpose} now would wait behind them",
+                              hint="an interrupted calibration or run finishes or stops by itself within about "
+                                   "a minute; otherwise restart the engines (cluster.restart_engines())")
+
     @property
     def running(self) -> bool:
         return self._ipp is not None and self._client is not None and self._ipp.controller is not None

@@ -429,6 +429,7 @@ def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, opt
             cluster.start()
         finally:
             progress.unlisten(forward)
+        cluster.check_idle(f"starting a run of {job.name}")   # not queued behind another run or calibration
         the_run.set_phase(f"shipping the job to {the_run.engines} engines")
         error_dir = tempfile.mkdtemp(prefix="parallax_nb-run-errors-")     # 0700, removed when the run ends
         options = dict(options, error_dir=error_dir)
@@ -437,6 +438,7 @@ def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, opt
         client = cluster.client
         async_results = [client[eid].apply_async(train_on_engine, job_bytes, plan_dict, steps, options, train_fn_bytes)
                          for eid in cluster.engine_ids]
+        cluster.occupy(the_run)
     return cluster, async_results, error_dir
 
 
