@@ -483,7 +483,6 @@ class Cluster:
             shutil.rmtree(self._private_dir, ignore_errors=True)
             self._private_dir = None
 
-    # ----- state -------------------------------------------------------------------------------
     # ----- one task at a time ------------------------------------------------------------------
     def occupy(self, occupant) -> None:
         """Mark the engines as doing ``occupant``'s work (a :class:`~parallax_nb.cluster.handle.Run`,
@@ -548,6 +547,7 @@ class Cluster:
                               hint="an interrupted calibration or run finishes or stops by itself within about "
                                    "a minute; otherwise restart the engines (cluster.restart_engines())")
 
+    # ----- state -------------------------------------------------------------------------------
     @property
     def running(self) -> bool:
         return self._ipp is not None and self._client is not None and self._ipp.controller is not None
