@@ -50,6 +50,7 @@ from .. import progress
 from ..devices import yield_when_idle_args
 from ..errors import ConfigError, SetupError
 from .engine import LINK_INTERFACE_ENV
+from .handle import Run
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -521,8 +522,6 @@ class Cluster:
         of this notebook still training, a calibration under way, or tasks sent to them and not
         finished (an interrupted calibration's, another notebook's). Work sent to busy engines
         would wait behind it unseen; nothing is sent here."""
-        from .handle import Run
-
         occupant = self._occupant
         if occupant is not None:
             what, since = occupant

@@ -28,8 +28,8 @@ allreduce and allgather in a set per local index (it stalled in them once in a l
 calibrations on engines).
 
 Process sets (:func:`process_sets`): the sets a run needs (the ranks of one machine, for
-local aggregation) are given to ``hvd.init``, and Horovod is restarted (a barrier, ``hvd.shutdown()``, ``hvd.init()`` with the
-longer list) the first time a set is asked for. Horovod's dynamic sets
+local aggregation) are given to ``hvd.init``, and Horovod is restarted (a barrier,
+``hvd.shutdown()``, ``hvd.init()`` with the longer list) the first time a set is asked for. Horovod's dynamic sets
 (``hvd.add_process_set``) are not used: with them, 4 ranks on 2 emulated machines hung in
 about 1 of 20 launches while adding a machine's set (Horovod 0.28.1; one rank's background
 loop back at its per-cycle allgather while the others were still in the new set's checks),
