@@ -307,9 +307,10 @@ def test_runtime_run_on_tiny_lm(cluster, job, architecture):
 
     plan = default_plan(job, architecture)
     assert plan.ps_variables if architecture == "hybrid" else not plan.ps_variables
-    # enough steps that records are seen arriving mid-run even on an idle machine (a tiny LM
-    # step takes milliseconds there: six steps could all land between two polls)
-    steps = 30
+    # enough steps that records are seen arriving mid-run even on an idle machine: a tiny LM
+    # step takes 3-6 ms there once traced, so 30 steps (0.09-0.12 s measured) could all land
+    # within one of the run watcher's 0.1 s polls, and did once in CI; 600 take 2-4 s
+    steps = 600
     the_run = run(job, plan, engines=2, steps=steps, cluster=cluster, wait=False, display=False)
     progress_seen, deadline = False, time.monotonic() + 150
     while not the_run.done and time.monotonic() < deadline:
