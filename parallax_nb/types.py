@@ -136,13 +136,14 @@ class VariableProfile:
         Measured for 1..8 workers; beyond that the union is extrapolated as
         ``1 - (1 - alpha_1)^G`` (independent draws), capped by the measured largest union.
         """
+        unions = self.union_rows_by_workers
+        if 0 < workers <= len(unions) and self.kind is Kind.SPARSE:   # read thousands of times per replan
+            rows = self.shape[0] if self.shape else 1   # self.rows: the shape holds ints
+            return min(1.0, unions[workers - 1] / max(rows, 1))
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         if not self.is_sparse:
             return 1.0
-        unions = self.union_rows_by_workers
-        if workers <= len(unions):
-            return min(1.0, unions[workers - 1] / max(self.rows, 1))
         independent = 1.0 - (1.0 - self.alpha_mean) ** workers
         measured_max = unions[-1] / max(self.rows, 1) if unions else 0.0
         return min(1.0, max(independent, measured_max))

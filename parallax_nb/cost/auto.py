@@ -78,7 +78,7 @@ def _best_methods(priced) -> list[Method]:
     candidates = [free] + [m for m in (off_fused, off_grouped, off_both) if m != free]
     if priced.calibration.link_bytes_per_s and priced.cluster.machines > 1:
         # where the link's pace can hold the step, the plan that moves the least may be the fastest
-        least_bytes = _lesser(priced, priced.column(Method.AR.value).bytes, priced.column(Method.PS.value).bytes)
+        least_bytes = _lesser(priced, priced.bytes_per_step(Method.AR.value), priced.bytes_per_step(Method.PS.value))
         if least_bytes not in candidates:
             candidates.append(least_bytes)
     if len(candidates) == 1:
@@ -95,7 +95,8 @@ def _comm_parts(priced, methods) -> tuple[float, float]:
     if priced.cluster.machines == 1 or not priced.calibration.link_bytes_per_s:
         return calls, 0.0
     keys = priced.charged_keys("auto", methods)
-    payload = sum(priced.column(key).bytes[i] for i, key in enumerate(keys))
+    per_key = {key: priced.bytes_per_step(key) for key in set(keys)}
+    payload = sum(per_key[key][i] for i, key in enumerate(keys))
     return calls, link_floor_s(payload, priced.calibration)
 
 
@@ -116,7 +117,7 @@ def _link_bound(calls: float, floor: float) -> str:
 def _explain_variables(priced, methods, held: bool) -> list[str]:
     """One line per variable; ``held``: the step is link-bound (:func:`_link_bound`)."""
     ar, ps = _variable_times(priced)
-    ar_bytes, ps_bytes = list(priced.column(Method.AR.value).bytes), list(priced.column(Method.PS.value).bytes)
+    ar_bytes, ps_bytes = list(priced.bytes_per_step(Method.AR.value)), list(priced.bytes_per_step(Method.PS.value))
     names = [c.name for c in priced.costs]
     group_of: dict[int, list[int]] = {}
     for first, others in priced.lookup_groups.items():

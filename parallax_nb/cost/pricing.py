@@ -55,7 +55,7 @@ def variable_costs(profile: Profile, cluster: ClusterSpec, variables=None) -> li
     table of entries (a model repeats its layers' shapes)."""
     variables = profile.variables if variables is None else variables
     by_size: dict[int, VariableCost] = {}
-    fused = step_allgathers(variables)
+    fused = _step_allgathers(variables)
     out = []
     for v in variables:
         if v.kind is not Kind.DENSE:
@@ -71,6 +71,25 @@ def variable_costs(profile: Profile, cluster: ClusterSpec, variables=None) -> li
     return out
 
 
+_STEP_ALLGATHERS: dict = {}   # id(variables) -> (variables, their StepAllgathers): the last two
+
+
+def _step_allgathers(variables):
+    """:func:`.methods.step_allgathers` of ``variables``, kept for a profile's own (immutable)
+    tuple of them: it depends on the variables alone, and AUTO prices local aggregation on and
+    off from the same profile."""
+    if type(variables) is not tuple:
+        return step_allgathers(variables)
+    kept = _STEP_ALLGATHERS.get(id(variables))
+    if kept is not None and kept[0] is variables:
+        return kept[1]
+    made = step_allgathers(variables)
+    if len(_STEP_ALLGATHERS) >= 2:
+        _STEP_ALLGATHERS.pop(next(iter(_STEP_ALLGATHERS)))
+    _STEP_ALLGATHERS[id(variables)] = (variables, made)
+    return made
+
+
 class Pricing:
     """The costs and call times of every variable of ``profile`` on ``cluster`` under a
     calibration (checked against the cluster's shape; defaults when None), computed once."""
@@ -84,6 +103,7 @@ class Pricing:
         self.costs = list(costs) if costs is not None else variable_costs(profile, cluster)
         self._times: dict[str, list[CallTime]] = {}
         self._columns: dict[str, _Column] = {}
+        self._bytes: dict[str, list[float]] = {}
         self._cost_parts: dict[int, tuple] = {}
         self._architectures: dict[Architecture, Estimate] = {}
         self._methods: dict[Architecture, list[Method]] = {}
@@ -107,6 +127,17 @@ class Pricing:
             self._alone = [ps_sparse_alone(v, self.cluster) if v.lookup_shared_with else c.cost_of(Method.PS)
                            for v, c in zip(self.profile.variables, self.costs)]
         return self._alone
+
+    def bytes_per_step(self, key: str) -> list[float]:
+        """Per variable, the bytes per machine per step of its cost under ``key`` (as
+        :meth:`charged`): what AUTO compares and explains, without the rest of a
+        :meth:`column`."""
+        column = self._columns.get(key)
+        if column is not None:
+            return column.bytes
+        if key not in self._bytes:
+            self._bytes[key] = [c.bytes_per_step for c in self.charged(key)]
+        return self._bytes[key]
 
     def times(self, key: str) -> list[CallTime]:
         """Per variable, the call time of its cost under ``key`` (as :meth:`charged`)."""
