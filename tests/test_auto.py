@@ -386,6 +386,22 @@ def test_a_calibration_of_another_shape_is_refused_naming_both():
     assert planner.ok and "calibrated on" in planner.calibration_label
 
 
+def test_a_calibration_files_contents_are_refused_with_the_way_to_load_them():
+    """A calibration passed as the dict ``json.load`` gives (not a Calibration) is named as
+    such, by AUTO's plan and every estimate, not a TypeError from deep inside the cost model."""
+    prof = lm_profile()
+    contents = json.loads(calibration_2x2().to_json())
+    cluster = ClusterSpec(2, 2)
+    for attempt in (lambda: make_plan(prof, cluster, "auto", calibration=contents),
+                    lambda: compare_architectures(prof, cluster, calibration=contents),
+                    lambda: estimate(prof, make_plan(prof, cluster, "hybrid"), calibration=contents),
+                    lambda: make_planner(prof, machines=2, workers_per_machine=2, calibration=contents)):
+        with pytest.raises(ConfigError) as err:
+            attempt()
+        assert "calibration must be a parallax_nb Calibration, got dict" in str(err.value)
+        assert "Calibration.from_json" in err.value.hint
+
+
 def test_the_plan_command_takes_a_calibration(tmp_path):
     from test_cli_plan import run_cli
 

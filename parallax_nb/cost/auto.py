@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
-from .pricing import pricing
-from .timing import duration, fused_seconds_per_byte, link_floor_s, step_communication
+from .pricing import check_inputs, pricing
+from .timing import calibration_for, duration, fused_seconds_per_byte, link_floor_s, step_communication
 
 
 @dataclass(frozen=True)
@@ -166,10 +166,31 @@ def _explain_variables(priced, methods, held: bool) -> list[str]:
     return lines
 
 
+_CHOICES: dict = {}   # the last two choices, as pricing() keeps its Pricings
+
+
 def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
                 local_aggregation: bool | None = None) -> AutoChoice:
     """AUTO's plan for ``profile`` on ``cluster`` (module docstring). ``local_aggregation``
-    None evaluates on and off and takes the faster; a bool pins it."""
+    None evaluates on and off and takes the faster; a bool pins it. The same inputs give the
+    same (frozen) choice back: a planner asks for it to make the plan and again to estimate
+    AUTO beside AR, PS and HYBRID."""
+    check_inputs(profile, cluster, "AUTO")
+    calibration_for(cluster, calibration)   # a ConfigError for another type or shape, before it is a key
+    # with both settings evaluated, the cluster's own switch changes nothing
+    both = local_aggregation is None and cluster.workers_per_machine > 1
+    key = (id(profile), cluster.replace(local_aggregation=True) if both else cluster, calibration, local_aggregation)
+    kept = _CHOICES.get(key)
+    if kept is not None and kept[0] is profile:
+        return kept[1]
+    made = _choose_auto(profile, cluster, calibration, local_aggregation)
+    if len(_CHOICES) >= 2:
+        _CHOICES.pop(next(iter(_CHOICES)))
+    _CHOICES[key] = (profile, made)
+    return made
+
+
+def _choose_auto(profile: Profile, cluster: ClusterSpec, calibration, local_aggregation: bool | None) -> AutoChoice:
     if local_aggregation is not None:
         settings = (bool(local_aggregation),)
     elif cluster.workers_per_machine == 1:   # the runtime runs the flat collectives either way

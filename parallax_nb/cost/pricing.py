@@ -366,6 +366,7 @@ def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing
     """The :class:`Pricing` of these inputs, reused while the same profile, cluster and
     calibration come back (the planner asks several times per change)."""
     check_inputs(profile, cluster)
+    calibration_for(cluster, calibration)   # a ConfigError for another type or shape, before it is a key
     key = (id(profile), cluster, calibration)
     kept = _PRICINGS.get(key)
     if kept is not None and kept.profile is profile:
