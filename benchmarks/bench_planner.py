@@ -5,7 +5,8 @@ Builds a synthetic profile (a mix of sparse tables with measured-looking unions 
 layers), then times, for a sequence of different ClusterSpecs, AUTO's ``make_plan`` alone (it
 prices every variable under AR and PS with local aggregation on and off and picks the least
 estimated step time: the time-optimal replan) and ``Planner.set`` (what the planner widget
-recomputes on every change: the plan, its estimate, AR/PS/HYBRID/AUTO and the baselines).
+recomputes on every change: the plan, its estimate, AR/PS/HYBRID/AUTO and the baselines),
+also where only the bandwidth changed (the cost entries are kept; only the times change).
 AUTO's replan is timed priced by the defaults (no link pace), and by a calibration that read
 its links' pace (each spec's defaults with its calls across machines read at 70 % of the
 bandwidth), where AUTO also prices the plan of fewest bytes (:mod:`parallax_nb.cost.auto`);
@@ -145,6 +146,17 @@ def main(argv=None) -> int:
         assert planner.ok, planner.error
     everything = summarize(time_ms(full, specs))
 
+    def bandwidth_times(spec) -> float:
+        """The planner at ``spec``, then the bandwidth alone changed (as the bandwidth box
+        does): milliseconds of that second recompute."""
+        full(spec)
+        start = time.perf_counter()
+        planner.set(bandwidth=spec.bandwidth_bps * 2.5)
+        took = (time.perf_counter() - start) * 1e3
+        assert planner.ok, planner.error
+        return took
+    bandwidth_only = summarize([bandwidth_times(spec) for spec in specs])
+
     print(f"planner benchmark: {args.variables} variables ({sum(v.is_sparse for v in profile.variables)} sparse), "
           f"{args.repeats} different ClusterSpecs, Python {platform.python_version()} on {platform.machine()}")
     print(f"  {'what':<50} {'median ms':>10} {'p90 ms':>8} {'min ms':>8}")
@@ -152,7 +164,8 @@ def main(argv=None) -> int:
                      ("  the same, every dense variable of its own size", distinct_only),
                      ("  the same, every variable a sparse table", tables_only),
                      ("  the same, a calibration that read the link's pace", with_pace),
-                     ("planner recompute (Planner.set)", everything)):
+                     ("planner recompute (Planner.set)", everything),
+                     ("  the same, the bandwidth alone changed", bandwidth_only)):
         print(f"  {label:<50} {r['median_ms']:>10.2f} {r['p90_ms']:>8.2f} {r['min_ms']:>8.2f}")
     verdicts = ", ".join(f"{label} {r['median_ms']:.2f} ms ({'meets' if r['median_ms'] < TARGET_MS else 'MISSES'})"
                          for label, r in (("the mix", plan_only), ("with a link pace", with_pace),
@@ -164,7 +177,7 @@ def main(argv=None) -> int:
             json.dump({"variables": args.variables, "make_plan": plan_only, "make_plan_distinct_dense": distinct_only,
                        "make_plan_all_sparse": tables_only,
                        "make_plan_link_pace": with_pace,
-                       "planner_set": everything,
+                       "planner_set": everything, "planner_set_bandwidth": bandwidth_only,
                        "target_ms": TARGET_MS, "python": platform.python_version()}, f, indent=2)
     return 0
 

@@ -474,3 +474,28 @@ def test_pricing_totals_equal_the_sums_over_the_variables_to_the_bit():
             assert (est.link.calls, est.link.payload_calls) == (link.calls, link.payload_calls), (cluster, label)
             assert est.link.calls and (est.link.payload_calls or cluster.machines == 1)
             assert priced.total(label, methods) is est and est.methods == tuple(methods)
+
+
+def test_a_new_bandwidth_reuses_the_cost_entries_and_prices_as_from_scratch():
+    """A variable's bytes and calls depend on the cluster's shape and local aggregation, not on
+    its bandwidth or latency: a planner's bandwidth or latency change keeps the entries it
+    has and re-prices only the times, to the same estimates a fresh Pricing makes. Another
+    shape or local aggregation gets entries of its own."""
+    from parallax_nb.cost.pricing import Pricing, pricing
+    from parallax_nb.types import BASELINE_KEYS
+
+    prof = lm_profile()
+    first = ClusterSpec.create(machines=4, workers_per_machine=2, bandwidth="10Gbit/s")
+    kept = pricing(prof, first)
+    for changed in (first.replace(bandwidth_bps=1e8), first.replace(latency_s=2e-3)):
+        again = pricing(prof, changed)
+        assert again is not kept and again.costs == kept.costs
+        assert all(a is b for a, b in zip(again.costs, kept.costs))
+        fresh = Pricing(prof, changed)
+        for architecture in (Architecture.AR, Architecture.PS, Architecture.HYBRID):
+            assert again.architecture(architecture) == fresh.architecture(architecture)
+        for key in BASELINE_KEYS:
+            assert again.baseline(key) == fresh.baseline(key)
+        assert again.architecture(Architecture.AR).step_time_s != kept.architecture(Architecture.AR).step_time_s
+    for other in (first.replace(machines=3), first.replace(local_aggregation=False)):
+        assert not any(a is b for a, b in zip(pricing(prof, other).costs, kept.costs))

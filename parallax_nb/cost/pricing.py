@@ -362,6 +362,19 @@ class _Picked:
                 for scope in sorted({s for c in self.columns.values() for s in c.scope_payload})}
 
 
+def _costs_of_shape(profile: Profile, cluster: ClusterSpec) -> list | None:
+    """The costs of a kept Pricing of ``profile`` on a cluster of ``cluster``'s shape and local
+    aggregation, None if none is kept: a variable's bytes and calls depend on those alone, not
+    on the bandwidth or the latency (which the calibration prices), so a planner's bandwidth
+    box changes only the times."""
+    shape = (cluster.machines, cluster.workers_per_machine, cluster.local_aggregation)
+    for kept in _PRICINGS.values():
+        other = kept.cluster
+        if kept.profile is profile and (other.machines, other.workers_per_machine, other.local_aggregation) == shape:
+            return kept.costs
+    return None
+
+
 def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing:
     """The :class:`Pricing` of these inputs, reused while the same profile, cluster and
     calibration come back (the planner asks several times per change)."""
@@ -371,7 +384,7 @@ def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing
     kept = _PRICINGS.get(key)
     if kept is not None and kept.profile is profile:
         return kept
-    made = Pricing(profile, cluster, calibration)
+    made = Pricing(profile, cluster, calibration, costs=_costs_of_shape(profile, cluster))
     if len(_PRICINGS) >= _PRICINGS_KEPT:
         _PRICINGS.pop(next(iter(_PRICINGS)))
     _PRICINGS[key] = made
