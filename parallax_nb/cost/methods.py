@@ -70,10 +70,12 @@ def ar_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Ring allreduce ``4 m (n-1)/n``, fused with every other dense allreduce of the step; one
     rank hands the whole gradient, ``m`` bytes, to that one call. The runtime keeps it one
     allreduce over all ranks with local aggregation on or off, so it is priced as Horovod's
-    flat allreduce over ranks placed machine by machine (:func:`_placed_by_machine`): the
-    machines' figure ``4 m (N-1)/N`` either way."""
-    n, scale, _ = _shape(var, _placed_by_machine(cluster))
-    return MethodCost(allreduce_bytes(var.size_bytes, n) * scale, 0.0, _rounds("allreduce", n, cluster),
+    flat allreduce over ranks placed machine by machine, whose link bytes Open MPI keeps at
+    the two-level figure (measured 2.02 m against 2 m per link on an emulated 2 x 2 network),
+    whatever parallax_nb's local-aggregation switch says: the N machines' ``4 m (N-1)/N``
+    either way (0 on one machine)."""
+    n = cluster.machines
+    return MethodCost(allreduce_bytes(var.size_bytes, n) * remote_share(n, 1), 0.0, _rounds("allreduce", n, cluster),
                       (_calls("allreduce", "all", var.size_bytes),), fused_allreduce=True)
 
 
@@ -231,23 +233,16 @@ def _aggregated(cluster: ClusterSpec, on: bool) -> ClusterSpec:
     return cluster if cluster.local_aggregation == on else cluster.replace(local_aggregation=on)
 
 
-def _placed_by_machine(cluster: ClusterSpec) -> ClusterSpec:
-    """The cluster as Horovod's flat allreduce sees it: ranks placed machine by machine, whose
-    link bytes Open MPI keeps at the two-level figure (measured 2.02 m against 2 m per link on
-    an emulated 2 x 2 network), whatever parallax_nb's local-aggregation switch says."""
-    return _aggregated(cluster, True)
-
-
 def sparse_as_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Horovod ``sparse_as_dense=True``: the gradient densified and allreduced with the step's
     other dense gradients (one fused call over all ranks, ``m`` handed): ``4 m (N-1)/N`` per
     machine as for parallax_nb's dense AR."""
-    return ar_dense(var, _placed_by_machine(cluster))
+    return ar_dense(var, cluster)
 
 
 def horovod_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
     """Plain Horovod's dense gradient: one fused allreduce over all ranks, as parallax_nb's AR."""
-    return ar_dense(var, _placed_by_machine(cluster))
+    return ar_dense(var, cluster)
 
 
 def horovod_slices(var: VariableProfile) -> tuple[float, float]:
