@@ -34,6 +34,8 @@ from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Kind, Method, Pro
 
 PLAN_SCHEMA = "parallax_nb.plan"
 PLAN_SCHEMA_VERSION = 1
+#: variables a plan's text lists at most (:meth:`Plan.summary`): those moving the most bytes
+SUMMARY_ROWS = 40
 RECORDED_COSTS = (*(m.value for m in Method), SPARSE_AS_DENSE)  # each planned variable's bytes under these
 _BYTE_FIELDS = tuple(f"{key}_bytes_per_step" for key in RECORDED_COSTS)
 
@@ -388,7 +390,12 @@ class Plan:
         rows = [dict(v.to_dict(), bytes_per_step=v.bytes_per_step) for v in self.variables]
         return pd.DataFrame(rows, columns=columns).set_index("name")
 
-    def summary(self) -> str:
+    def summary(self, limit: int | None = SUMMARY_ROWS) -> str:
+        """The plan as text: a head line, a row per variable and AUTO's reasons.
+
+        A plan of more than ``limit`` variables lists the ``limit`` that move the most bytes
+        per machine per step under their method (in plan order, their reasons with them) and
+        counts the rest; ``None`` lists every one (``plan.dataframe()`` holds them all too)."""
         where = str(self.cluster) if self.cluster is not None else "no cluster"
         head = (f"Plan for {self.model_name} ({self.architecture.value}) on {where}: {len(self)} variables, "
                 f"{len(self.ps_variables)} PS / {len(self.ar_variables)} AR")
@@ -400,19 +407,34 @@ class Plan:
         if not self.sync:
             bound = "unbounded" if self.max_staleness is None else f"max_staleness={self.max_staleness}"
             head += f", asynchronous ({bound})"
-        width = max([len(v.name) for v in self.variables] + [8])
+        variables = self.variables
+        listed = range(len(variables))
+        if limit is not None and len(variables) > limit:
+            listed = sorted(sorted(listed, key=lambda i: -(variables[i].bytes_per_step or 0.0))[:max(limit, 0)])
+        shown = [variables[i] for i in listed]
+        width = max([len(v.name) for v in shown] + [8])
         lines = [head, f"  {'variable':<{width}}  {'kind':<6}  {'alpha':>8}  {'PS bytes':>10}  "
                        f"{'AR bytes':>10}  method  partitions"]
 
         def fmt(x):
             return format_bytes(x) if x is not None else "-"
-        for v in self.variables:
+        for v in shown:
             alpha = f"{v.alpha:.4f}" if v.alpha is not None else "-"
             lines.append(f"  {v.name:<{width}}  {v.kind.value:<6}  {alpha:>8}  {fmt(v.bytes_for(Method.PS)):>10}  "
                          f"{fmt(v.bytes_for(Method.AR)):>10}  {v.method.value:<6}  {v.partitions:>10}")
+        hidden = len(variables) - len(shown)
+        if hidden:
+            kept = set(listed)
+            rest = [v.bytes_per_step for i, v in enumerate(variables) if i not in kept and v.bytes_per_step is not None]
+            moved = f", {format_bytes(sum(rest))} per machine per step in all" if rest else ""
+            lines.append(f"  ... and {hidden} more variables{moved} (every one: plan.summary(limit=None), "
+                         f"plan.dataframe(), or `plan --all` on the command line)")
         if self.explanations:
+            others = {v.name for v in variables} - {v.name for v in shown}
             lines.append("Why (AUTO, estimated step time):")
-            lines.extend(f"  {line}" for line in self.explanations)
+            lines.extend(f"  {line}" for line in self.explanations if line.split(": ", 1)[0] not in others)
+            if hidden:
+                lines.append(f"  ... and one for each of the {hidden} variables not listed (plan.explanations)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -266,3 +266,28 @@ def test_estimates_follow_the_plans_local_aggregation_switch(plan, profile):
     off = dc_replace(plan, local_aggregation=False)
     assert estimate(profile, off).cluster.local_aggregation is False
     assert estimate(profile, off).bytes_per_machine_per_step > estimate(profile, plan).bytes_per_machine_per_step
+
+
+def test_a_large_plans_text_lists_the_variables_moving_the_most_bytes_and_counts_the_rest():
+    """100 dense variables of 1 to 100 KiB: the text lists the 40 largest in plan order with
+    their reasons, counts the other 60 and the bytes they move; ``limit=None`` lists all."""
+    from test_cost import dense_var
+    from parallax_nb.types import Profile, format_bytes
+
+    variables = tuple(dense_var(f"layer_{i:03d}", (i % 100 + 1, 256)) for i in range(37, 137))
+    prof = Profile("wide", 32, 20, 0.01, 0, variables)
+    plan = make_plan(prof, ClusterSpec(machines=4, workers_per_machine=2))
+    text = plan.summary()
+    largest = sorted(plan.variables, key=lambda v: -v.bytes_per_step)[:40]
+    rows = [line.split()[0] for line in text.splitlines()[2:42]]
+    assert rows == [v.name for v in plan.variables if v in largest]
+    rest = sum(v.bytes_per_step for v in plan.variables if v not in largest)
+    assert f"  ... and 60 more variables, {format_bytes(rest)} per machine per step in all" in text
+    reasons = [line.split(": ", 1)[0].strip() for line in text.split("Why (AUTO, estimated step time):\n")[1].splitlines()]
+    assert reasons[0] == "local aggregation off" or reasons[0] == "local aggregation on"
+    assert reasons[1:-1] == rows and "60 variables not listed" in reasons[-1]
+    every = plan.summary(limit=None)
+    assert all(f"  {v.name} " in every for v in plan.variables) and "more variables" not in every
+    assert len(every.splitlines()) == 2 + 100 + 1 + len(plan.explanations)
+    small = make_plan(lm_profile(), ClusterSpec(machines=4, workers_per_machine=2))
+    assert small.summary() == small.summary(limit=None)

@@ -1,5 +1,6 @@
 """``python -m parallax_nb plan profile.json --machines N ... [--calibration calibration.json]``:
-plan from a profile, print the per-variable table, AUTO's reasons and the estimated totals per
+plan from a profile, print the per-variable table (the 40 variables moving the most bytes, the
+rest counted; ``--all`` lists every one), AUTO's reasons and the estimated totals per
 architecture and baseline (priced by the calibration, or the defaults: "uncalibrated"), write
 plan.json atomically. A calibration of another cluster shape is refused, naming both shapes.
 ``--async [--max-staleness K]`` makes the plan asynchronous (:mod:`parallax_nb.sync_flags`); a plan with
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError, ParallaxError, ProfileError
+from ..plan import SUMMARY_ROWS
 from ..sync_flags import add_sync_arguments, apply_sync_flags, check_sync_flags
 
 
@@ -33,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--straggler", type=float, default=None, metavar="X",
                         help="with --async: the sync/async outlook assumes one worker X times slower per step "
                              "(default 2)")
+    parser.add_argument("--all", action="store_true", dest="every_variable",
+                        help=f"list every variable (default: the {SUMMARY_ROWS} moving the most bytes, the rest counted)")
     parser.add_argument("-o", "--output", default=None, help="where to write plan.json")
 
 
@@ -88,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
                      local_aggregation=False if args.no_local_aggregation else None, calibration=calibration)
     plan = apply_sync_flags(plan, args)
     own = estimate(profile, plan, calibration=calibration)
-    print(plan.summary())
+    print(plan.summary(limit=None if args.every_variable else SUMMARY_ROWS))
     print()
     print(f"Estimated totals on {plan.cluster} (compute {own.compute_time_s * 1e3:.3f} ms/step, no overlap; "
           f"{own.calibration}):")
