@@ -30,12 +30,11 @@ from .cost.choice import check_partitions, choose_method, default_partitions, pa
 from .cost.pricing import check_inputs, variable_costs
 from .errors import ConfigError, ParallaxError, PlanError
 from .jsonfile import check_schema
-from .types import SPARSE_AS_DENSE, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes, method_key
+from .types import (SPARSE_AS_DENSE, SUMMARY_ROWS, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes,
+                    method_key)
 
 PLAN_SCHEMA = "parallax_nb.plan"
 PLAN_SCHEMA_VERSION = 1
-#: variables a plan's text lists at most (:meth:`Plan.summary`): those moving the most bytes
-SUMMARY_ROWS = 40
 RECORDED_COSTS = (*(m.value for m in Method), SPARSE_AS_DENSE)  # each planned variable's bytes under these
 _BYTE_FIELDS = tuple(f"{key}_bytes_per_step" for key in RECORDED_COSTS)
 

@@ -164,6 +164,11 @@ class VariableProfile:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+#: variables a profile's or a plan's text lists at most (``summary``): the largest, the rest
+#: counted (a model of 1,000 variables printed 2,000 lines)
+SUMMARY_ROWS = 40
+
+
 @dataclass(frozen=True)
 class Profile:
     """The measured profile of one model on one device, one row per trainable variable."""
@@ -260,7 +265,10 @@ class Profile:
             })
         return pd.DataFrame(rows).set_index("name")
 
-    def summary(self) -> str:
+    def summary(self, limit: int | None = SUMMARY_ROWS) -> str:
+        """The profile as text: a head line and a row per variable. A model of more than
+        ``limit`` variables lists its ``limit`` largest (in model order) and counts the rest;
+        ``None`` lists every one (``profile.dataframe()`` holds them all too)."""
         n_sparse = sum(v.is_sparse for v in self.variables)
         lines = [
             f"Profile of {self.model_name}: {len(self.variables)} variables "
@@ -269,11 +277,22 @@ class Profile:
             f"batch {self.batch_size}, {self.steps} steps, "
             f"step {self.step_time_s * 1e3:.1f} ms, peak memory {format_bytes(self.peak_memory_bytes)}",
         ]
-        width = max((len(v.name) for v in self.variables), default=4)
+        variables = self.variables
+        listed = range(len(variables))
+        if limit is not None and len(variables) > limit:
+            listed = sorted(sorted(listed, key=lambda i: -variables[i].size_bytes)[:max(limit, 0)])
+        shown = [variables[i] for i in listed]
+        width = max((len(v.name) for v in shown), default=4)
         lines.append(f"  {'variable':<{width}}  {'kind':<6}  {'size':>10}  {'alpha':>8}")
-        for v in self.variables:
+        for v in shown:
             lines.append(f"  {v.name:<{width}}  {v.kind.value:<6}  {format_bytes(v.size_bytes):>10}  "
                          f"{v.alpha_mean:>8.4f}")
+        hidden = len(variables) - len(shown)
+        if hidden:
+            kept = set(listed)
+            rest = sum(v.size_bytes for i, v in enumerate(variables) if i not in kept)
+            lines.append(f"  ... and {hidden} more variables, {format_bytes(rest)} in all (every one: "
+                         f"profile.summary(limit=None), profile.dataframe(), or `profile --all` on the command line)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -388,3 +388,17 @@ def test_window_passes_only_where_a_step_changes_state(lm):
     sparse = [v for v in rec.variables if v.is_sparse]
     assert sparse and all(len(v.union_rows_by_workers) == 4 and v.union_rows_by_workers[3] >= v.union_rows_by_workers[0]
                           for v in sparse)
+
+
+def test_a_large_profiles_text_lists_its_largest_variables_and_counts_the_rest():
+    from test_cost import dense_var
+    from parallax_nb.types import Profile, format_bytes
+
+    prof = Profile("wide", 32, 20, 0.01, 0, tuple(dense_var(f"layer_{i:03d}", ((i * 37) % 100 + 1, 8))
+                                                  for i in range(100)))
+    text = prof.summary()
+    largest = sorted(prof.variables, key=lambda v: -v.size_bytes)[:40]
+    assert [line.split()[0] for line in text.splitlines()[2:42]] == [v.name for v in prof.variables if v in largest]
+    rest = sum(v.size_bytes for v in prof.variables if v not in largest)
+    assert text.splitlines()[-1].startswith(f"  ... and 60 more variables, {format_bytes(rest)} in all")
+    assert len(prof.summary(limit=None).splitlines()) == 102

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError, ParallaxError, ProfileError
-from ..plan import SUMMARY_ROWS
+from ..types import SUMMARY_ROWS
 from ..sync_flags import add_sync_arguments, apply_sync_flags, check_sync_flags
 
 

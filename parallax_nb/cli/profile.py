@@ -1,11 +1,13 @@
 """``python -m parallax_nb profile <module:job> --steps K [--warmup W] [--batch-size B] -o profile.json``
 
-Profiles the Job on this machine's one device, prints the per-variable table and writes the
-Profile as JSON (atomically: a crash leaves no half-written file).
+Profiles the Job on this machine's one device, prints the per-variable table (the 40 largest
+variables, the rest counted; ``--all`` lists every one) and writes the Profile as JSON (atomically: a crash leaves no half-written file).
 """
 from __future__ import annotations
 
 import os
+
+from ..types import SUMMARY_ROWS
 
 
 def add_arguments(parser) -> None:
@@ -15,6 +17,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="override the Job's per-worker batch size")
     parser.add_argument("--max-workers", type=int, default=8,
                         help="largest G for the union of rows over G workers (default 8)")
+    parser.add_argument("--all", action="store_true", dest="every_variable",
+                        help=f"list every variable (default: the {SUMMARY_ROWS} largest, the rest counted)")
     parser.add_argument("-o", "--output", default="profile.json", help="where to write the profile (JSON)")
 
 
@@ -43,7 +47,7 @@ def main(args) -> int:
     if args.batch_size is not None:
         job = job.replace(batch_size=args.batch_size)
     prof = profile_job(job, steps=args.steps, warmup=args.warmup, max_workers=args.max_workers)
-    print(prof.summary())
+    print(prof.summary(limit=None if args.every_variable else SUMMARY_ROWS))
     prof.to_json(args.output)
     print(f"wrote {args.output}")
     return 0
