@@ -31,7 +31,7 @@ from .cost.pricing import check_inputs, variable_costs
 from .errors import ConfigError, ParallaxError, PlanError
 from .jsonfile import check_schema
 from .types import (SPARSE_AS_DENSE, SUMMARY_ROWS, Architecture, ClusterSpec, Kind, Method, Profile, format_bytes,
-                    method_key)
+                    largest_in_order, method_key)
 
 PLAN_SCHEMA = "parallax_nb.plan"
 PLAN_SCHEMA_VERSION = 1
@@ -407,9 +407,7 @@ class Plan:
             bound = "unbounded" if self.max_staleness is None else f"max_staleness={self.max_staleness}"
             head += f", asynchronous ({bound})"
         variables = self.variables
-        listed = range(len(variables))
-        if limit is not None and len(variables) > limit:
-            listed = sorted(sorted(listed, key=lambda i: -(variables[i].bytes_per_step or 0.0))[:max(limit, 0)])
+        listed = largest_in_order([v.bytes_per_step or 0.0 for v in variables], limit)
         shown = [variables[i] for i in listed]
         width = max([len(v.name) for v in shown] + [8])
         lines = [head, f"  {'variable':<{width}}  {'kind':<6}  {'alpha':>8}  {'PS bytes':>10}  "

@@ -169,6 +169,15 @@ class VariableProfile:
 SUMMARY_ROWS = 40
 
 
+def largest_in_order(sizes, limit: int | None) -> list[int]:
+    """Indices of the ``limit`` largest of ``sizes``, in their own order (every index when
+    ``limit`` is None or not below their number): the rows a ``summary`` lists."""
+    indices = list(range(len(sizes)))
+    if limit is None or len(indices) <= limit:
+        return indices
+    return sorted(sorted(indices, key=lambda i: -sizes[i])[:max(limit, 0)])
+
+
 @dataclass(frozen=True)
 class Profile:
     """The measured profile of one model on one device, one row per trainable variable."""
@@ -278,9 +287,7 @@ class Profile:
             f"step {self.step_time_s * 1e3:.1f} ms, peak memory {format_bytes(self.peak_memory_bytes)}",
         ]
         variables = self.variables
-        listed = range(len(variables))
-        if limit is not None and len(variables) > limit:
-            listed = sorted(sorted(listed, key=lambda i: -variables[i].size_bytes)[:max(limit, 0)])
+        listed = largest_in_order([v.size_bytes for v in variables], limit)
         shown = [variables[i] for i in listed]
         width = max((len(v.name) for v in shown), default=4)
         lines.append(f"  {'variable':<{width}}  {'kind':<6}  {'size':>10}  {'alpha':>8}")

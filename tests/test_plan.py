@@ -283,7 +283,8 @@ def test_a_large_plans_text_lists_the_variables_moving_the_most_bytes_and_counts
     assert rows == [v.name for v in plan.variables if v in largest]
     rest = sum(v.bytes_per_step for v in plan.variables if v not in largest)
     assert f"  ... and 60 more variables, {format_bytes(rest)} per machine per step in all" in text
-    reasons = [line.split(": ", 1)[0].strip() for line in text.split("Why (AUTO, estimated step time):\n")[1].splitlines()]
+    why = text.split("Why (AUTO, estimated step time):\n")[1]
+    reasons = [line.split(": ", 1)[0].strip() for line in why.splitlines()]
     assert reasons[0] == "local aggregation off" or reasons[0] == "local aggregation on"
     assert reasons[1:-1] == rows and "60 variables not listed" in reasons[-1]
     every = plan.summary(limit=None)

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --async: the sync/async outlook assumes one worker X times slower per step "
                              "(default 2)")
     parser.add_argument("--all", action="store_true", dest="every_variable",
-                        help=f"list every variable (default: the {SUMMARY_ROWS} moving the most bytes, the rest counted)")
+                        help=f"list every variable (default: the {SUMMARY_ROWS} moving the most bytes, the rest "
+                             f"counted)")
     parser.add_argument("-o", "--output", default=None, help="where to write plan.json")
 
 

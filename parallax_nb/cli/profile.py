@@ -1,7 +1,8 @@
 """``python -m parallax_nb profile <module:job> --steps K [--warmup W] [--batch-size B] -o profile.json``
 
 Profiles the Job on this machine's one device, prints the per-variable table (the 40 largest
-variables, the rest counted; ``--all`` lists every one) and writes the Profile as JSON (atomically: a crash leaves no half-written file).
+variables, the rest counted; ``--all`` lists every one) and writes the Profile as JSON
+(atomically: a crash leaves no half-written file).
 """
 from __future__ import annotations
 
