@@ -324,15 +324,16 @@ def test_methods_accept_enum_values(planner, profile):
 def test_many_variables_table_lists_all_chart_the_largest(profile):
     import dataclasses
 
-    from parallax_nb.widgets.planner_view import CHART_VARIABLES, largest
+    from parallax_nb.widgets.planner_view import CHART_VARIABLES, TABLE_VARIABLES, largest
 
     base = profile.variables
     many = dataclasses.replace(profile, variables=tuple(
         dataclasses.replace(base[i % len(base)], name=f"block{i}/{base[i % len(base)].name}", lookup_shared_with="")
-        for i in range(120)))
+        for i in range(TABLE_VARIABLES)))
     view = PlannerView(plan(many, machines=4))
     try:
         assert all(name in shown_text(view.table.value) for name in many.names)
+        assert "planner.table" not in shown_text(view.table.value)
         top = largest(view.planner.table, CHART_VARIABLES)
         assert len(top) == CHART_VARIABLES
         peak = view.planner.table[["ps_bytes_per_step", "ar_bytes_per_step"]].max(axis=1)
@@ -341,6 +342,42 @@ def test_many_variables_table_lists_all_chart_the_largest(profile):
     finally:
         view.close()
     assert_svg_chart(ProfileView(many).chart.value)
+
+
+def test_a_thousand_variables_table_lists_those_with_the_most_bytes(profile):
+    """Past TABLE_VARIABLES rows the planner's and the profile's tables list the variables with
+    the most bytes (the planner's under either method, the profile's by size), in model order,
+    and say where every one is: 1,000 rows were 2.5 MB of HTML on every change."""
+    import dataclasses
+
+    from parallax_nb.widgets import profile_view
+    from parallax_nb.widgets.planner_view import TABLE_VARIABLES
+
+    base = profile.variables
+    many = dataclasses.replace(profile, variables=tuple(
+        dataclasses.replace(base[i % len(base)], name=f"block{i:04d}/{base[i % len(base)].name}",
+                            lookup_shared_with="", size_bytes=base[i % len(base)].size_bytes + i)
+        for i in range(1000)))
+    view = PlannerView(plan(many, machines=4))
+    try:
+        text = shown_text(view.table.value)
+        peak = view.planner.table[["ps_bytes_per_step", "ar_bytes_per_step"]].max(axis=1)
+        top = set(peak.nlargest(TABLE_VARIABLES).index)
+        listed = [name for name in many.names if name in text]
+        assert listed == [name for name in many.names if name in top]
+        assert f"The {TABLE_VARIABLES} of 1000 variables with the most bytes under either method (every one: " \
+               f"planner.table)" in text
+        assert len(view.table.value) < 400_000
+    finally:
+        view.close()
+    profile_table = ProfileView(many)
+    try:
+        text = shown_text(profile_table.table.value)
+        largest = sorted(many.variables, key=lambda v: -v.size_bytes)[:profile_view.TABLE_VARIABLES]
+        assert [r["name"] for r in profile_table.rows] == [v.name for v in many.variables if v in largest]
+        assert all(v.name in text for v in largest) and "profile.dataframe()" in text
+    finally:
+        profile_table.close()
 
 
 def test_bad_inputs_in_the_view_speak_user_units_and_keep_the_last_plan(view, planner, profile):

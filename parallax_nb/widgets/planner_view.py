@@ -29,7 +29,10 @@ ARCHITECTURE_OPTIONS = [(labels.text(a), a.value) for a in ARCHITECTURES]
 METHODS = tuple(m.value for m in Method)
 METHOD_OPTIONS = [("as planned", ""), *((labels.text(m), m) for m in METHODS)]
 METHOD_TOOLTIPS = ["the plan's own choice for this variable", *(labels.label(m).description for m in METHODS)]
-CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing; the table lists every variable
+CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing
+#: rows the table lists at most, those with the most bytes: a model of 1,000 variables made
+#: 2.5 MB of HTML in 0.4 s on every change, sent to the browser and kept in the notebook
+TABLE_VARIABLES = 100
 
 COMPARED = ARCHITECTURES   # the step-time chart's bars: only what this view offers
 REFERENCE_BASELINES = (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS)   # named beneath the chart, not drawn
@@ -99,9 +102,12 @@ def render_table(planner: Planner) -> str:
     """PS vs AR bytes per machine per step for every variable; the chosen method's cell is bold
     and underlined in its colour, the other in the secondary text colour. The plan's method and
     partitions come right after the name, the profile's figures last: in a narrow notebook
-    column what the plan decides is seen first."""
+    column what the plan decides is seen first. Of more than :data:`TABLE_VARIABLES`
+    variables, those with the most bytes under either method, in model order
+    (``planner.table`` holds them all)."""
+    table = largest(planner.table, TABLE_VARIABLES)
     rows = []
-    for name, r in planner.table.iterrows():
+    for name, r in table.iterrows():
         chosen = r["method"]
 
         def cell(method: str, value: float) -> str:
@@ -123,8 +129,10 @@ def render_table(planner: Planner) -> str:
         ])
     header = ["variable", "method", "partitions", *(f"{labels.text(m)} bytes<br>/ step" for m in METHODS),
               "kind", "size", "&alpha;"]
+    some = (f"The {len(table)} of {len(planner.table)} variables with the most bytes under either method "
+            f"(every one: planner.table). " if len(table) < len(planner.table) else "")
     return style.html_table(header, rows, left_columns=2) + style.note(
-        "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
+        some + "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
         " (* = set by hand). Partitions: the slices a PS variable's rows are split into, one per worker by default.")
 
 
@@ -176,7 +184,8 @@ def render_chart(planner: Planner) -> str:
     """Two SVG charts: PS and AR bytes per variable (chosen method solid, the other faint, log
     axis), and the estimated step time of each whole-model architecture and of this plan."""
     table = largest(planner.table, CHART_VARIABLES)
-    note = (f"the {len(table)} largest of {len(planner.table)} variables (the table lists all)"
+    listed = "the table lists all" if len(planner.table) <= TABLE_VARIABLES else "planner.table lists all"
+    note = (f"the {len(table)} largest of {len(planner.table)} variables ({listed})"
             if len(table) < len(planner.table) else "")
     series = [{"name": f"{labels.text(m)} (faint: not chosen)" if i == 0 else labels.text(m),
                "colour": labels.colour(m), "values": list(table[f"{m}_bytes_per_step"]),

@@ -14,16 +14,28 @@ from ..types import Profile, format_bytes
 from . import style
 from .snapshot import SnapshotDisplay
 
-CHART_VARIABLES = 25   # the table lists every variable; the chart the largest
+CHART_VARIABLES = 25   # the chart the largest variables
+TABLE_VARIABLES = 100  # the table at most this many, the largest (as the planner's, planner_view.TABLE_VARIABLES)
 
 
-def profile_rows(profile: Profile) -> list[dict]:
-    """The rows the view shows, as plain values (tests compare them with the profile)."""
+def _largest(profile: Profile, limit: int) -> list:
+    """The ``limit`` largest variables of ``profile``, in model order."""
+    variables = list(profile.variables)
+    if len(variables) <= limit:
+        return variables
+    keep = {v.name for v in sorted(variables, key=lambda v: v.size_bytes, reverse=True)[:limit]}
+    return [v for v in variables if v.name in keep]
+
+
+def profile_rows(profile: Profile, limit: int | None = None) -> list[dict]:
+    """The rows the view shows, as plain values (tests compare them with the profile): of the
+    ``limit`` largest variables (None: every one)."""
+    variables = profile.variables if limit is None else _largest(profile, limit)
     return [{
         "name": v.name, "kind": v.kind.value, "shape": "x".join(map(str, v.shape)) or "scalar",
         "size_bytes": v.size_bytes, "alpha_mean": v.alpha_mean, "alpha_p95": v.alpha_p95,
         "grad_bytes_per_step": v.grad_bytes_per_step,
-    } for v in profile.variables]
+    } for v in variables]
 
 
 def _alpha_text(alpha: float) -> str:
@@ -34,11 +46,9 @@ def _alpha_text(alpha: float) -> str:
 
 def render_chart(profile: Profile) -> str:
     """Horizontal bars per variable: size and gradient bytes per step, log byte axis (SVG)."""
-    variables = list(profile.variables)
-    if len(variables) > CHART_VARIABLES:
-        keep = {v.name for v in sorted(variables, key=lambda v: v.size_bytes, reverse=True)[:CHART_VARIABLES]}
-        variables = [v for v in variables if v.name in keep]
-    note = (f"the {len(variables)} largest of {len(profile.variables)} variables (the table lists all)"
+    variables = _largest(profile, CHART_VARIABLES)
+    listed = "the table lists all" if len(profile.variables) <= TABLE_VARIABLES else "profile.dataframe() lists all"
+    note = (f"the {len(variables)} largest of {len(profile.variables)} variables ({listed})"
             if len(variables) < len(profile.variables) else "")
     kind_colours = [labels.colour(v.kind) for v in variables]
     return svg.hbars([v.name for v in variables], [
@@ -49,8 +59,9 @@ def render_chart(profile: Profile) -> str:
 
 
 def render_table(profile: Profile) -> str:
+    """A row per variable; of more than :data:`TABLE_VARIABLES`, the largest, in model order."""
     rows = []
-    for r in profile_rows(profile):
+    for r in profile_rows(profile, TABLE_VARIABLES):
         rows.append([
             style.name_cell(r["name"]),
             style.label_badge(r["kind"]),
@@ -61,7 +72,9 @@ def render_table(profile: Profile) -> str:
             style.esc(format_bytes(r["grad_bytes_per_step"])),
         ])
     header = ["variable", "kind", "shape", "size", "&alpha; mean", "&alpha; p95", "gradient / step"]
-    return style.html_table(header, rows, left_columns=2)
+    some = (style.note(f"The {len(rows)} largest of {len(profile.variables)} variables (every one: "
+                       f"profile.dataframe()).") if len(rows) < len(profile.variables) else "")
+    return style.html_table(header, rows, left_columns=2) + some
 
 
 def subtitle(profile: Profile) -> str:
@@ -91,7 +104,8 @@ class ProfileView(SnapshotDisplay, widgets.VBox):
 
     @property
     def rows(self) -> list[dict]:
-        return profile_rows(self.profile)
+        """The rows the table lists (:data:`TABLE_VARIABLES` at most, the largest)."""
+        return profile_rows(self.profile, TABLE_VARIABLES)
 
     def summary_line(self) -> str:
         return f"Profile of {self.profile.model_name}: {subtitle(self.profile)}"
