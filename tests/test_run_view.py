@@ -470,3 +470,18 @@ def test_link_table_prices_every_call_of_what_ran_with_the_calibrated_link():
     table = RunView(run, redraw_s=0.0).bytes_table.value
     assert f"+ {prediction.call_count} calls' overhead" in table, table
     assert f"framing x{1 + prediction.framing_bytes / payload:.3f} and" in table
+
+
+def test_a_thousand_variables_bytes_table_lists_those_with_the_most_bytes():
+    """Past style.TABLE_ROWS variables the run's bytes table lists those with the most bytes
+    (the larger of predicted and measured), in plan order, and says where every one is."""
+    from parallax_nb.widgets import style
+    from parallax_nb.widgets.run_view import render_bytes_table
+
+    rows = [{"name": f"layer_{i:04d}/kernel", "method": "ar", "predicted_bytes_per_step": float((i * 37) % 1000 + 1),
+             "measured_bytes_per_step": float((i * 37) % 1000 + 1) if i % 2 else None} for i in range(1000)]
+    text = shown_text(render_bytes_table(rows))
+    largest = sorted(rows, key=lambda r: -r["predicted_bytes_per_step"])[:style.TABLE_ROWS]
+    assert [r["name"] for r in rows if r["name"] in text] == [r["name"] for r in rows if r in largest]
+    assert f"The {style.TABLE_ROWS} of 1000 variables with the most bytes" in text
+    assert "variables with the most bytes" not in shown_text(render_bytes_table(rows[:style.TABLE_ROWS]))

@@ -30,9 +30,7 @@ METHODS = tuple(m.value for m in Method)
 METHOD_OPTIONS = [("as planned", ""), *((labels.text(m), m) for m in METHODS)]
 METHOD_TOOLTIPS = ["the plan's own choice for this variable", *(labels.label(m).description for m in METHODS)]
 CHART_VARIABLES = 25   # a chart of hundreds of bars says nothing
-#: rows the table lists at most, those with the most bytes: a model of 1,000 variables made
-#: 2.5 MB of HTML in 0.4 s on every change, sent to the browser and kept in the notebook
-TABLE_VARIABLES = 100
+TABLE_VARIABLES = style.TABLE_ROWS   # the table lists at most these, those with the most bytes
 
 COMPARED = ARCHITECTURES   # the step-time chart's bars: only what this view offers
 REFERENCE_BASELINES = (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS)   # named beneath the chart, not drawn

@@ -15,7 +15,7 @@ from . import style
 from .snapshot import SnapshotDisplay
 
 CHART_VARIABLES = 25   # the chart the largest variables
-TABLE_VARIABLES = 100  # the table at most this many, the largest (as the planner's, planner_view.TABLE_VARIABLES)
+TABLE_VARIABLES = style.TABLE_ROWS   # the table lists at most these, the largest
 
 
 def _largest(profile: Profile, limit: int) -> list:

@@ -26,7 +26,7 @@ import time
 import ipywidgets as widgets
 
 from .. import labels, svg
-from ..types import format_bytes
+from ..types import format_bytes, largest_in_order
 from . import style
 from .progress_view import Ticker, elapsed_text
 from .snapshot import SnapshotDisplay
@@ -96,8 +96,14 @@ def render_charts(series: dict) -> str:
 
 
 def render_bytes_table(rows: list[dict]) -> str:
+    """Predicted against measured bytes per variable; of more than :data:`style.TABLE_ROWS`
+    variables, those with the most bytes (the larger of the two), in plan order."""
     if not rows:
         return style.note("no per-variable bytes yet")
+    every = len(rows)
+    listed = largest_in_order([max(r["measured_bytes_per_step"] or 0.0, r["predicted_bytes_per_step"] or 0.0)
+                               for r in rows], style.TABLE_ROWS)
+    rows = [rows[i] for i in listed]
 
     def fmt(x):
         return format_bytes(x) if x is not None else "-"
@@ -108,8 +114,11 @@ def render_bytes_table(rows: list[dict]) -> str:
 
     body = [[style.name_cell(r["name"]), style.label_badge(r["method"]) if r["method"] else "-",
              fmt(r["predicted_bytes_per_step"]), fmt(r["measured_bytes_per_step"]), ratio(r)] for r in rows]
+    some = (style.note(f"The {len(rows)} of {every} variables with the most bytes (every one: "
+                       f"run.measured_bytes_by_variable(), run.predicted_bytes_by_variable()).")
+            if len(rows) < every else "")
     return style.html_table(["variable", "method", "predicted / step", "measured / step", "measured / predicted"],
-                            body)
+                            body) + some
 
 
 def render_link_table(run) -> str:
