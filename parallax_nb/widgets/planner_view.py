@@ -103,7 +103,8 @@ def render_table(planner: Planner) -> str:
     column what the plan decides is seen first. Of more than :data:`TABLE_VARIABLES`
     variables, those with the most bytes under either method, in model order
     (``planner.table`` holds them all)."""
-    table = largest(planner.table, TABLE_VARIABLES)
+    every = planner.table   # a DataFrame made from the plan on each read: read once
+    table = largest(every, TABLE_VARIABLES)
     rows = []
     for name, r in table.iterrows():
         chosen = r["method"]
@@ -127,8 +128,8 @@ def render_table(planner: Planner) -> str:
         ])
     header = ["variable", "method", "partitions", *(f"{labels.text(m)} bytes<br>/ step" for m in METHODS),
               "kind", "size", "&alpha;"]
-    some = (f"The {len(table)} of {len(planner.table)} variables with the most bytes under either method "
-            f"(every one: planner.table). " if len(table) < len(planner.table) else "")
+    some = (f"The {len(table)} of {len(every)} variables with the most bytes under either method "
+            f"(every one: planner.table). " if len(table) < len(every) else "")
     return style.html_table(header, rows, left_columns=2) + style.note(
         some + "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
         " (* = set by hand). Partitions: the slices a PS variable's rows are split into, one per worker by default.")
@@ -181,10 +182,10 @@ def largest(table, limit: int):
 def render_chart(planner: Planner) -> str:
     """Two SVG charts: PS and AR bytes per variable (chosen method solid, the other faint, log
     axis), and the estimated step time of each whole-model architecture and of this plan."""
-    table = largest(planner.table, CHART_VARIABLES)
-    listed = "the table lists all" if len(planner.table) <= TABLE_VARIABLES else "planner.table lists all"
-    note = (f"the {len(table)} largest of {len(planner.table)} variables ({listed})"
-            if len(table) < len(planner.table) else "")
+    every = planner.table   # made on each read: read once
+    table = largest(every, CHART_VARIABLES)
+    listed = "the table lists all" if len(every) <= TABLE_VARIABLES else "planner.table lists all"
+    note = (f"the {len(table)} largest of {len(every)} variables ({listed})" if len(table) < len(every) else "")
     series = [{"name": f"{labels.text(m)} (faint: not chosen)" if i == 0 else labels.text(m),
                "colour": labels.colour(m), "values": list(table[f"{m}_bytes_per_step"]),
                "opacity": [1.0 if c == m else 0.3 for c in table["method"]]} for i, m in enumerate(METHODS)]

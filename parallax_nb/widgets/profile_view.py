@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from .. import labels, svg
-from ..types import Profile, format_bytes
+from ..types import Profile, format_bytes, largest_in_order
 from . import style
 from .snapshot import SnapshotDisplay
 
@@ -20,11 +20,8 @@ TABLE_VARIABLES = style.TABLE_ROWS   # the table lists at most these, the larges
 
 def _largest(profile: Profile, limit: int) -> list:
     """The ``limit`` largest variables of ``profile``, in model order."""
-    variables = list(profile.variables)
-    if len(variables) <= limit:
-        return variables
-    keep = {v.name for v in sorted(variables, key=lambda v: v.size_bytes, reverse=True)[:limit]}
-    return [v for v in variables if v.name in keep]
+    variables = profile.variables
+    return [variables[i] for i in largest_in_order([v.size_bytes for v in variables], limit)]
 
 
 def profile_rows(profile: Profile, limit: int | None = None) -> list[dict]:
