@@ -427,9 +427,9 @@ class Plan:
             lines.append(f"  ... and {hidden} more variables{moved} (every one: plan.summary(limit=None), "
                          f"plan.dataframe(), or `plan --all` on the command line)")
         if self.explanations:
-            others = {v.name for v in variables} - {v.name for v in shown}
             lines.append("Why (AUTO, estimated step time):")
-            lines.extend(f"  {line}" for line in self.explanations if line.split(": ", 1)[0] not in others)
+            lines.extend(f"  {line}" for line in reasons_listed(self.explanations, [v.name for v in variables],
+                                                                 [v.name for v in shown]))
             if hidden:
                 lines.append(f"  ... and one for each of the {hidden} variables not listed (plan.explanations)")
         return "\n".join(lines)
@@ -439,6 +439,14 @@ class Plan:
 
     def _repr_html_(self) -> str:
         return self.dataframe()._repr_html_()
+
+
+def reasons_listed(explanations, names, listed) -> list[str]:
+    """AUTO's ``explanations`` but the lines about the variables of ``names`` that are not in
+    ``listed`` (a variable's line begins with its name and ": "): the reasons a view that
+    lists only some variables shows, with the lines about the whole plan."""
+    others = set(names) - set(listed)
+    return [line for line in explanations if line.split(": ", 1)[0] not in others]
 
 
 def _bad_cluster(value: Any):

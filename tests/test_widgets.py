@@ -368,6 +368,13 @@ def test_a_thousand_variables_table_lists_those_with_the_most_bytes(profile):
         assert f"The {TABLE_VARIABLES} of 1000 variables with the most bytes under either method (every one: " \
                f"planner.table)" in text
         assert len(view.table.value) < 400_000
+        # AUTO's reasons: the whole plan's and those of the variables listed, the rest counted
+        reasons = shown_text(view.explanations.value)
+        assert len(view.planner.explanations) > 1000
+        assert [name for name in many.names if f"{name}: " in reasons] == listed
+        assert "local aggregation " in reasons
+        assert f"one for each of the {1000 - TABLE_VARIABLES} variables the table does not list " \
+               f"(planner.explanations)" in reasons
     finally:
         view.close()
     profile_table = ProfileView(many)

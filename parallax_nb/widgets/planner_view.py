@@ -18,9 +18,11 @@ import ipywidgets as widgets
 
 from .. import labels, svg
 from ..cost.timing import calibration_for, time_basis_notes
+from ..plan import reasons_listed
 from ..planner import Planner, describe_inputs
 from ..staleness import describe_bound
-from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, Method, format_bandwidth, format_bytes
+from ..types import (PLAIN_HOROVOD, SPARSE_AS_DENSE, TF_PS, Architecture, Method, format_bandwidth, format_bytes,
+                     largest_in_order)
 from . import style
 from .snapshot import SnapshotDisplay
 
@@ -96,15 +98,16 @@ def _straggler_note(planner: Planner) -> str:
     return note
 
 
-def render_table(planner: Planner) -> str:
+def render_table(planner: Planner, table=None) -> str:
     """PS vs AR bytes per machine per step for every variable; the chosen method's cell is bold
     and underlined in its colour, the other in the secondary text colour. The plan's method and
     partitions come right after the name, the profile's figures last: in a narrow notebook
     column what the plan decides is seen first. Of more than :data:`TABLE_VARIABLES`
     variables, those with the most bytes under either method, in model order
-    (``planner.table`` holds them all)."""
-    every = planner.table   # a DataFrame made from the plan on each read: read once
-    table = largest(every, TABLE_VARIABLES)
+    (``planner.table`` holds them all); ``table``: those rows, where the caller has them
+    (:func:`listed_rows`)."""
+    every = len(planner.plan.variables)
+    table = listed_rows(planner) if table is None else table
     rows = []
     for name, r in table.iterrows():
         chosen = r["method"]
@@ -128,10 +131,10 @@ def render_table(planner: Planner) -> str:
         ])
     header = ["variable", "method", "partitions", *(f"{labels.text(m)} bytes<br>/ step" for m in METHODS),
               "kind", "size", "&alpha;"]
-    some = (f"The {len(table)} of {len(every)} variables with the most bytes under either method "
-            f"(every one: planner.table). " if len(table) < len(every) else "")
-    return style.html_table(header, rows, left_columns=2) + style.note(
-        some + "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
+    some = (style.caption(f"The {len(table)} of {every} variables with the most bytes under either method "
+                          f"(every one: planner.table).") if len(table) < every else "")
+    return some + style.html_table(header, rows, left_columns=2, max_height=style.TABLE_HEIGHT) + style.note(
+        "Bytes sent + received per machine per step under each method; the plan's choice is underlined"
         " (* = set by hand). Partitions: the slices a PS variable's rows are split into, one per worker by default.")
 
 
@@ -148,11 +151,20 @@ def render_option_times(planner: Planner) -> str:
             f'{"".join(cells)}</div>')
 
 
-def render_explanations(planner: Planner) -> str:
-    """AUTO's reasons, one line per decision (nothing when the plan is not AUTO's)."""
+def render_explanations(planner: Planner, table=None) -> str:
+    """AUTO's reasons, one line per decision (nothing when the plan is not AUTO's): those
+    about the whole plan and about each variable the table lists (``table``: its rows,
+    :func:`listed_rows`), with a line counting the others' (``planner.explanations`` holds
+    every one)."""
     if not planner.explanations:
         return ""
-    items = "".join(f"<li>{style.esc(line)}</li>" for line in planner.explanations)
+    names = [v.name for v in planner.plan.variables]
+    listed = list((listed_rows(planner) if table is None else table).index)
+    lines = reasons_listed(planner.explanations, names, listed)
+    items = "".join(f"<li>{style.esc(line)}</li>" for line in lines)
+    if len(listed) < len(names):
+        items += (f'<li style="color: {style.FG2}">... and one for each of the {len(names) - len(listed)} '
+                  f'variables the table does not list (planner.explanations)</li>')
     return (f'<div class="parallax-explanations" style="{style.FONT} font-size: 12.5px; color: {style.FG}">'
             f'<b>Why AUTO chose this</b> (estimated step time, {style.esc(planner.calibration_label)})'
             f'<ul style="margin: 4px 0 0 0; padding-left: 20px">{items}</ul></div>')
@@ -175,8 +187,13 @@ def largest(table, limit: int):
     """The ``limit`` rows with the most bytes under either method, in their original order."""
     if len(table) <= limit:
         return table
-    peak = table[[f"{m}_bytes_per_step" for m in METHODS]].max(axis=1)
-    return table[table.index.isin(set(peak.nlargest(limit).index))]
+    peak = table[[f"{m}_bytes_per_step" for m in METHODS]].max(axis=1).fillna(0.0)
+    return table.iloc[largest_in_order(peak.tolist(), limit)]
+
+
+def listed_rows(planner: Planner):
+    """The rows of ``planner.table`` the view's table lists (:data:`TABLE_VARIABLES` at most)."""
+    return largest(planner.table, TABLE_VARIABLES)   # the table is made from the plan on each read
 
 
 def render_chart(planner: Planner) -> str:
@@ -265,7 +282,7 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         self.partitions_note = widgets.HTML()
         self.summary = widgets.HTML()
         self.error = widgets.HTML()
-        self.table = widgets.HTML(layout=widgets.Layout(overflow="auto", max_height="480px"))
+        self.table = widgets.HTML()
         self.chart = widgets.HTML(layout=widgets.Layout(max_width="100%"))
 
         title = widgets.HTML(style.heading(
@@ -374,8 +391,9 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
             self.error.layout.display = None
         self.summary.value = render_summary(p)
         self.option_times.value = render_option_times(p)
-        self.table.value = render_table(p)
-        self.explanations.value = render_explanations(p)
+        listed = listed_rows(p)
+        self.table.value = render_table(p, listed)
+        self.explanations.value = render_explanations(p, listed)
         self.explanations.layout.display = None if p.explanations else "none"
         key = chart_key(p)
         if key != self._chart_key:     # an invalid input keeps the last plan: no redraw

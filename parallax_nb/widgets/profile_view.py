@@ -69,9 +69,9 @@ def render_table(profile: Profile) -> str:
             style.esc(format_bytes(r["grad_bytes_per_step"])),
         ])
     header = ["variable", "kind", "shape", "size", "&alpha; mean", "&alpha; p95", "gradient / step"]
-    some = (style.note(f"The {len(rows)} largest of {len(profile.variables)} variables (every one: "
-                       f"profile.dataframe()).") if len(rows) < len(profile.variables) else "")
-    return style.html_table(header, rows, left_columns=2) + some
+    some = (style.caption(f"The {len(rows)} largest of {len(profile.variables)} variables (every one: "
+                          f"profile.dataframe()).") if len(rows) < len(profile.variables) else "")
+    return some + style.html_table(header, rows, left_columns=2, max_height=style.TABLE_HEIGHT)
 
 
 def subtitle(profile: Profile) -> str:
@@ -94,7 +94,7 @@ class ProfileView(SnapshotDisplay, widgets.VBox):
             raise ConfigError(f"ProfileView needs a Profile, got {type(profile).__name__}")
         self.profile = profile
         self.header = widgets.HTML(style.heading(f"Profile of {profile.model_name}", subtitle(profile)))
-        self.table = widgets.HTML(render_table(profile), layout=widgets.Layout(overflow="auto", max_height="480px"))
+        self.table = widgets.HTML(render_table(profile))
         self.chart = widgets.HTML(render_chart(profile), layout=widgets.Layout(max_width="100%"))
         super().__init__([self.header, self.table, self.chart], **kwargs)
         self.add_class("parallax-profile-view")

@@ -114,11 +114,11 @@ def render_bytes_table(rows: list[dict]) -> str:
 
     body = [[style.name_cell(r["name"]), style.label_badge(r["method"]) if r["method"] else "-",
              fmt(r["predicted_bytes_per_step"]), fmt(r["measured_bytes_per_step"]), ratio(r)] for r in rows]
-    some = (style.note(f"The {len(rows)} of {every} variables with the most bytes (every one: "
-                       f"run.measured_bytes_by_variable(), run.predicted_bytes_by_variable()).")
+    some = (style.caption(f"The {len(rows)} of {every} variables with the most bytes (every one: "
+                          f"run.measured_bytes_by_variable(), run.predicted_bytes_by_variable()).")
             if len(rows) < every else "")
-    return style.html_table(["variable", "method", "predicted / step", "measured / step", "measured / predicted"],
-                            body) + some
+    return some + style.html_table(["variable", "method", "predicted / step", "measured / step",
+                                    "measured / predicted"], body, max_height=style.TABLE_HEIGHT)
 
 
 def render_link_table(run) -> str:

@@ -53,27 +53,33 @@ def label_badge(key, suffix: str = "") -> str:
 #: rows a view's per-variable table lists at most, those with the most bytes: a model of 1,000
 #: variables made 2.5 MB of HTML in 0.07 s on every change, sent to the browser and kept in the notebook
 TABLE_ROWS = 100
+TABLE_HEIGHT = "480px"   # a table of many rows scrolls in a box this tall (about 10 rows)
 
 
 def html_table(header: list[str], rows: list[list[str]], row_styles: list[str] | None = None,
-               left_columns: int = 1) -> str:
+               left_columns: int = 1, max_height: str | None = None) -> str:
     """A compact table in a horizontally scrolling box (a wide table never overflows the
     notebook); cells are HTML already escaped by the caller. The first ``left_columns``
     columns are left-aligned (names), the rest right-aligned (numbers).
 
     The box is as wide as the view around it, not as its table: ``width: 0; min-width: 100%``
     gives the widget that holds it no minimum width, so a wide table scrolls inside the view
-    instead of pushing the widget, and the table with it, past the view's right edge."""
+    instead of pushing the widget, and the table with it, past the view's right edge.
+    ``max_height`` (e.g. :data:`TABLE_HEIGHT`) lets the same box scroll down too, its header
+    row staying in sight (a header sticks only within the box that scrolls)."""
     def align(i):
         return "text-align: left;" if i < left_columns else ""
 
-    head = "".join(f'<th style="{TH_CSS}{align(i)}">{h}</th>' for i, h in enumerate(header))
+    sticky, box = "", ""
+    if max_height is not None:
+        sticky, box = "position: sticky; top: 0; z-index: 1;", f" max-height: {max_height}; overflow-y: auto;"
+    head = "".join(f'<th style="{TH_CSS}{sticky}{align(i)}">{h}</th>' for i, h in enumerate(header))
     body = []
     for r, cells in enumerate(rows):
         style = row_styles[r] if row_styles else ""
         tds = "".join(f'<td style="{TD_CSS}{align(i)}">{c}</td>' for i, c in enumerate(cells))
         body.append(f'<tr style="{style}">{tds}</tr>')
-    return (f'<div style="overflow-x: auto; width: 0; min-width: 100%"><table style="{TABLE_CSS}"><thead><tr>{head}</tr></thead>'
+    return (f'<div style="overflow-x: auto; width: 0; min-width: 100%;{box}"><table style="{TABLE_CSS}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
@@ -107,6 +113,12 @@ def heading(title: str, subtitle: str = "") -> str:
 
 def note(text: str) -> str:
     return f'<div style="{FONT} font-size: 11.5px; color: {FG2}; margin-top: 4px">{text}</div>'
+
+
+def caption(text: str) -> str:
+    """A note above a table, read before its rows: which rows a capped table lists (the
+    table scrolls in a box of its own, so a note under it is seen only at its last row)."""
+    return f'<div style="{FONT} font-size: 11.5px; color: {FG2}; margin: 0 0 4px">{text}</div>'
 
 
 def box(kind: str, message_html: str, colour: str = FAIL, css_class: str = "parallax-error") -> str:
