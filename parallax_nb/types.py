@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -81,6 +82,30 @@ def _enum_value(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
+_PROFILE_AGAIN = "profile the job again: px.profile(job), or `python -m parallax_nb profile`"
+# a profiled variable's figures and their upper bounds (the lower is 0): bytes and rows are
+# finite, the fractions of rows at most 1
+_FRACTION = 1.0 + 1e-9   # a mean of fractions can round a hair above 1
+_PROFILED_NUMBERS = (("size_bytes", math.inf), ("rows_touched_mean", math.inf), ("alpha_mean", _FRACTION),
+                     ("alpha_p50", _FRACTION), ("alpha_p95", _FRACTION), ("alpha_max", _FRACTION),
+                     ("grad_bytes_per_step", math.inf))
+
+
+def _number(value: Any) -> float:
+    """``value`` as a finite float (a ValueError for NaN, infinities, text and booleans)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(value)
+    return float(value)
+
+
+def _whole(value: Any) -> int:
+    """``value`` as a whole number >= 0 (a ValueError otherwise: 2.5, -1, "a", True)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or value != int(value) or value < 0:
+        raise ValueError(value)
+    return int(value)
+
+
 @dataclass(frozen=True)
 class VariableProfile:
     """What one trainable variable costs, measured over k single-device steps.
@@ -113,10 +138,41 @@ class VariableProfile:
     lookup_shared_with: str = ""
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if not isinstance(self.name, str) or not self.name:
+            raise ProfileError(f"a profiled variable's name must be a non-empty string, got {self.name!r}",
+                               hint=_PROFILE_AGAIN)
+        try:
+            shape = tuple(_whole(d) for d in self.shape)
+        except (TypeError, ValueError):
+            raise self._bad("shape", self.shape, "a list of whole numbers >= 0") from None
+        object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "lookup_shared_with", str(self.lookup_shared_with or ""))
-        object.__setattr__(self, "kind", Kind(_enum_value(self.kind)))
-        object.__setattr__(self, "union_rows_by_workers", tuple(float(u) for u in self.union_rows_by_workers))
+        try:
+            object.__setattr__(self, "kind", Kind(_enum_value(self.kind)))
+        except ValueError:
+            raise self._bad("kind", self.kind, "'dense' or 'sparse'") from None
+        try:
+            unions = tuple(_number(u) for u in self.union_rows_by_workers)
+        except (TypeError, ValueError):
+            raise self._bad("union_rows_by_workers", self.union_rows_by_workers, "a list of numbers >= 0") from None
+        if any(u < 0 for u in unions):
+            raise self._bad("union_rows_by_workers", list(self.union_rows_by_workers), "a list of numbers >= 0")
+        object.__setattr__(self, "union_rows_by_workers", unions)
+        for name, high in _PROFILED_NUMBERS:
+            value = getattr(self, name)
+            # checked fast: a planner's tests and benchmarks build thousands of these
+            if not (type(value) in (int, float) and 0 <= value < math.inf and value <= high):
+                try:
+                    good = 0 <= _number(value) <= high
+                except (TypeError, ValueError):
+                    good = False
+                if not good:
+                    raise self._bad(name, value, "between 0 and 1" if high < math.inf else "a finite number >= 0")
+
+    def _bad(self, field_name: str, value: Any, expected: str) -> ProfileError:
+        """The error of a profiled figure out of its range, naming the variable and the value."""
+        return ProfileError(f"variable {self.name!r}: {field_name} must be {expected}, got {value!r}",
+                            hint=_PROFILE_AGAIN)
 
     @property
     def rows(self) -> int:
@@ -192,6 +248,30 @@ class Profile:
 
     def __post_init__(self):
         object.__setattr__(self, "variables", tuple(self.variables))
+        for name, whole, low in (("batch_size", True, 1), ("steps", True, 0), ("step_time_s", False, 0),
+                                 ("peak_memory_bytes", True, 0)):
+            value = getattr(self, name)
+            try:
+                read = _whole(value) if whole else _number(value)
+            except (TypeError, ValueError):
+                read = None
+            if read is not None and read >= low:
+                object.__setattr__(self, name, read)
+            else:
+                kind = "a whole number" if whole else "a finite number of seconds"
+                raise ProfileError(f"profile {self.model_name!r}: {name} must be {kind} >= {low}, got {value!r}",
+                                   hint=_PROFILE_AGAIN)
+        if not self.variables:
+            raise ProfileError(f"profile {self.model_name!r} lists no variables", hint=_PROFILE_AGAIN)
+        if not all(isinstance(v, VariableProfile) for v in self.variables):
+            other = next(v for v in self.variables if not isinstance(v, VariableProfile))
+            raise ProfileError(f"profile {self.model_name!r}: its variables must be VariableProfiles, "
+                               f"got {type(other).__name__}", hint=_PROFILE_AGAIN)
+        names = [v.name for v in self.variables]
+        if len(set(names)) < len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ProfileError(f"profile {self.model_name!r} lists variable(s) {twice[:5]} more than once",
+                               hint=_PROFILE_AGAIN)
         # lookup_shared_with names the first variable of a lookup, a sparse one that names none
         firsts = {v.name for v in self.variables if v.is_sparse and not v.lookup_shared_with}
         for v in self.variables:
@@ -242,22 +322,33 @@ class Profile:
         from .jsonfile import check_schema
         check_schema(d, "parallax_nb.profile", PROFILE_SCHEMA_VERSION, "profile", ProfileError)
         try:
+            variables = d["variables"]
+            if not isinstance(variables, list) or not all(isinstance(v, dict) for v in variables):
+                raise ProfileError(f"profile 'variables' must be a list of objects, got {variables!r:.80}",
+                                   hint=_PROFILE_AGAIN)
             return cls(
                 model_name=str(d["model_name"]),
-                batch_size=int(d["batch_size"]),
-                steps=int(d["steps"]),
-                step_time_s=float(d["step_time_s"]),
-                peak_memory_bytes=int(d["peak_memory_bytes"]),
-                variables=tuple(VariableProfile.from_dict(v) for v in d["variables"]),
-                environment=dict(d.get("environment", {})),
+                batch_size=d["batch_size"],
+                steps=d["steps"],
+                step_time_s=d["step_time_s"],
+                peak_memory_bytes=d["peak_memory_bytes"],
+                variables=tuple(VariableProfile.from_dict(v) for v in variables),
+                environment=dict(d.get("environment") or {}),
             )
         except KeyError as e:
             raise ProfileError(f"profile lacks field {e.args[0]!r}") from None
 
     @classmethod
     def from_json(cls, path_or_text: str) -> "Profile":
+        """The profile in a file (or JSON text); a figure out of range is named with the file."""
         from .jsonfile import load_json
-        return cls.from_dict(load_json(path_or_text, what="profile"))
+        d = load_json(path_or_text, what="profile")
+        try:
+            return cls.from_dict(d)
+        except ProfileError as e:
+            if str(path_or_text).lstrip().startswith("{"):   # text, not a file
+                raise
+            raise ProfileError(f"{path_or_text}: {e.message}", hint=e.hint) from None
 
     def dataframe(self):
         """One row per variable: name, kind, shape, size, alpha statistics, gradient bytes."""

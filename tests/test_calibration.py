@@ -110,7 +110,7 @@ def test_compute_that_read_apart_at_the_start_and_the_end_is_named_in_every_esti
     the second reading (files from before it), nothing is said."""
     from parallax_nb.calibrate import fits_table
     from parallax_nb.cost.timing import time_basis_notes
-    from parallax_nb.types import Profile
+    from parallax_nb.types import Kind, Profile, VariableProfile
 
     def calibration(first, again):
         return Calibration(1, 2, compute_time_s={"lm_tiny": first},
@@ -124,7 +124,8 @@ def test_compute_that_read_apart_at_the_start_and_the_end_is_named_in_every_esti
     assert calibration(0.030, 0.0329).compute_drift("lm_tiny") == ""   # 9.7 %: within
     assert calibration(0.030, None).compute_drift("lm_tiny") == ""
     assert drifted.compute_drift("other") == ""
-    profile = Profile("lm_tiny", batch_size=8, steps=10, step_time_s=0.010, peak_memory_bytes=0, variables=[])
+    layer = VariableProfile("dense/kernel", (4, 4), "float32", 64, Kind.DENSE, 4, 1.0, 1.0, 1.0, 1.0, 64)
+    profile = Profile("lm_tiny", batch_size=8, steps=10, step_time_s=0.010, peak_memory_bytes=0, variables=[layer])
     assert drifted.compute_drift("lm_tiny") in time_basis_notes(profile, drifted)
     assert time_basis_notes(profile, calibration(0.030, 0.031)) == ()
     assert "  again at the end: 47.2 ms per step; compute drifted +28 %" in fits_table(drifted)

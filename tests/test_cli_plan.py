@@ -98,11 +98,62 @@ def test_missing_and_corrupted_profiles_exit_2(tmp_path, profile_json):
     d["variables"] = [1]
     wrong_shape.write_text(json.dumps(d))
     result = run_cli(wrong_shape, "--machines", 2)
-    assert result.returncode == 2 and "cannot read profile" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "wrong_shape.json: profile 'variables' must be a list of objects, got [1]" \
+        in result.stderr and "Traceback" not in result.stderr
     not_a_profile = tmp_path / "plan_not_profile.json"
     not_a_profile.write_text(json.dumps({"schema": "parallax_nb.plan"}))
     result = run_cli(not_a_profile, "--machines", 2)
     assert result.returncode == 2 and "not a parallax_nb profile" in result.stderr
+
+
+def _sparse(d):
+    return next(v for v in d["variables"] if v["kind"] == "sparse")
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: _sparse(d).update(alpha_mean=float("inf")), "alpha_mean must be between 0 and 1, got inf"),
+    (lambda d: _sparse(d).update(alpha_p95=-0.5), "alpha_p95 must be between 0 and 1, got -0.5"),
+    (lambda d: _sparse(d).update(union_rows_by_workers=[float("nan")] * 2),
+     "union_rows_by_workers must be a list of numbers >= 0, got [nan, nan]"),
+    (lambda d: _sparse(d).update(size_bytes=1e400), "size_bytes must be a finite number >= 0, got inf"),
+    (lambda d: _sparse(d).update(grad_bytes_per_step=-1), "grad_bytes_per_step must be a finite number >= 0, got -1"),
+    (lambda d: _sparse(d).update(shape=[-5, 16]), "shape must be a list of whole numbers >= 0, got [-5, 16]"),
+    (lambda d: _sparse(d).update(kind="fuzzy"), "kind must be 'dense' or 'sparse', got 'fuzzy'"),
+    (lambda d: d.update(step_time_s=float("nan")), "step_time_s must be a finite number of seconds >= 0, got nan"),
+    (lambda d: d.update(batch_size=0), "batch_size must be a whole number >= 1, got 0"),
+    (lambda d: d.update(batch_size="64"), "batch_size must be a whole number >= 1, got '64'"),
+    (lambda d: d.update(variables=[]), "lists no variables"),
+    (lambda d: d["variables"].append(dict(d["variables"][0])), "more than once"),
+])
+def test_a_profile_with_a_figure_out_of_range_is_refused_naming_the_file_variable_and_value(
+        tmp_path, profile_json, change, words):
+    """A profile file edited or corrupted into a NaN, an infinity, a negative count or a
+    fraction above 1 was planned as if measured (an alpha of inf read as 1, NaN unions as every
+    row). Each is refused on reading, the message naming the file, the variable and the value."""
+    from parallax_nb.errors import ProfileError
+    from parallax_nb.types import Profile
+
+    d = json.loads(profile_json.read_text())
+    change(d)
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ProfileError) as err:
+        Profile.from_json(str(bad))
+    assert str(err.value).startswith(f"{bad}: ") and words in str(err.value), str(err.value)
+    assert "px.profile(job)" in err.value.hint
+
+
+def test_the_plan_command_refuses_a_profile_with_an_infinite_alpha(tmp_path, profile_json):
+    d = json.loads(profile_json.read_text())
+    name = _sparse(d)["name"]
+    _sparse(d)["alpha_mean"] = float("inf")
+    bad = tmp_path / "edited.json"
+    bad.write_text(json.dumps(d))
+    out = tmp_path / "plan.json"
+    result = run_cli(bad, "--machines", 2, "-o", out)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"edited.json: variable {name!r}: alpha_mean must be between 0 and 1, got inf" in result.stderr
+    assert not out.exists()
 
 
 def test_plan_command_lists_the_largest_forty_unless_all(tmp_path):
