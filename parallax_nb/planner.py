@@ -228,6 +228,14 @@ class Planner:
             if not isinstance(calibration, Calibration):
                 raise ConfigError(f"calibration must be a parallax_nb Calibration, got {type(calibration).__name__}",
                                   hint="load one with px.Calibration.from_json(path), or leave it out")
+        for key, what, hint in (
+                ("partitions", "partition counts",
+                 "e.g. partitions={'embedding/embeddings': 4}; a PS variable not named gets one per worker"),
+                ("methods", "methods", "e.g. methods={'embedding/embeddings': 'ps'}; a variable not named keeps "
+                                       "its architecture's method")):
+            given = values.get(key)
+            if given is not None and not isinstance(given, Mapping):   # an int was read as no overrides
+                raise ConfigError(f"{key} must map variable names to {what}, got {given!r:.80}", hint=hint)
         self.profile = profile
         self.calibration = calibration
         self._observers: list[Observer] = []

@@ -260,6 +260,13 @@ def test_bad_construction_raises(profile):
         plan(profile, gpus=6)
     with pytest.raises(ConfigError, match="cannot set"):
         plan(profile, machines=2).set(gpus=6)
+    # one count for every variable is make_plan's form; the planner's partitions and methods
+    # are per variable (0 was read as no overrides, 4 raised a TypeError from dict())
+    for value in (0, 4, 2.5):
+        with pytest.raises(ConfigError, match=f"partitions must map variable names to partition counts, got {value}"):
+            plan(profile, machines=2, architecture="ps", partitions=value)
+    with pytest.raises(ConfigError, match="methods must map variable names to methods, got 'ps'"):
+        plan(profile, machines=2, methods="ps")
 
 
 def test_cluster_argument_and_keyword_overrides(profile):
