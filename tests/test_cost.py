@@ -499,3 +499,17 @@ def test_a_new_bandwidth_reuses_the_cost_entries_and_prices_as_from_scratch():
         assert again.architecture(Architecture.AR).step_time_s != kept.architecture(Architecture.AR).step_time_s
     for other in (first.replace(machines=3), first.replace(local_aggregation=False)):
         assert not any(a is b for a, b in zip(pricing(prof, other).costs, kept.costs))
+
+
+def test_kept_values_come_back_only_for_the_object_they_were_made_for():
+    """The cost model's caches key a profile by id(): a value is handed back only to that very
+    object (an id is reused once its object is gone), the oldest going first past the size."""
+    from parallax_nb.cost.kept import Kept
+
+    kept, first, second, third = Kept(2), object(), object(), object()
+    assert kept.put("a", first, 1) == 1 and kept.get("a", first) == 1
+    assert kept.get("a", second) is None and kept.get("a", second, "none") == "none"   # another object, same key
+    kept.put("b", second, None)
+    assert kept.get("b", second, "none") is None          # None is a value kept, not a miss
+    kept.put("c", third, 3)
+    assert kept.get("a", first) is None and kept.values() == [None, 3]

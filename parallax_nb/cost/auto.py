@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
+from .kept import Kept
 from .pricing import check_inputs, pricing
 from .timing import calibration_for, duration, fused_seconds_per_byte, link_floor_s, step_communication
 
@@ -166,7 +167,7 @@ def _explain_variables(priced, methods, held: bool) -> list[str]:
     return lines
 
 
-_CHOICES: dict = {}   # the last two choices, as pricing() keeps its Pricings
+_CHOICES = Kept(2)   # the last two choices, as pricing() keeps its Pricings
 
 
 def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
@@ -180,14 +181,10 @@ def choose_auto(profile: Profile, cluster: ClusterSpec, calibration=None,
     # with both settings evaluated, the cluster's own switch changes nothing
     both = local_aggregation is None and cluster.workers_per_machine > 1
     key = (id(profile), cluster.replace(local_aggregation=True) if both else cluster, calibration, local_aggregation)
-    kept = _CHOICES.get(key)
-    if kept is not None and kept[0] is profile:
-        return kept[1]
-    made = _choose_auto(profile, cluster, calibration, local_aggregation)
-    if len(_CHOICES) >= 2:
-        _CHOICES.pop(next(iter(_CHOICES)))
-    _CHOICES[key] = (profile, made)
-    return made
+    kept = _CHOICES.get(key, profile)
+    if kept is not None:
+        return kept
+    return _CHOICES.put(key, profile, _choose_auto(profile, cluster, calibration, local_aggregation))
 
 
 def _choose_auto(profile: Profile, cluster: ClusterSpec, calibration, local_aggregation: bool | None) -> AutoChoice:

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..types import (BASELINE_KEYS, Architecture, ClusterSpec, Estimate, Kind, Method, Profile, VariableCost,
                      format_bytes, partitions_served, row_owners)
 from .choice import choose_method
+from .kept import Kept
 from .methods import ps_sparse_alone, step_allgathers, variable_cost
 from .link import predict_link_bytes
 from .model import participants, rounds
@@ -28,8 +29,8 @@ from .timing import (CallTime, calibration_for, call_time, compute_time_s, disti
 #: other is not on PS, or their partitions give some row id other owners (:meth:`Pricing.charged_keys`)
 PS_ALONE = "ps (own exchange)"
 
-_PRICINGS: dict = {}
-_PRICINGS_KEPT = 2   # the planner asks for one cluster with local aggregation on and off; more only feeds the GC
+# the planner asks for one cluster with local aggregation on and off; more only feeds the GC
+_PRICINGS = Kept(2)
 
 
 def check_profile(profile, who: str = "the cost model",
@@ -71,7 +72,8 @@ def variable_costs(profile: Profile, cluster: ClusterSpec, variables=None) -> li
     return out
 
 
-_STEP_ALLGATHERS: dict = {}   # id(variables) -> (variables, their StepAllgathers): the last two
+_STEP_ALLGATHERS = Kept(2)
+_NOT_KEPT = object()
 
 
 def _step_allgathers(variables):
@@ -80,14 +82,8 @@ def _step_allgathers(variables):
     off from the same profile."""
     if type(variables) is not tuple:
         return step_allgathers(variables)
-    kept = _STEP_ALLGATHERS.get(id(variables))
-    if kept is not None and kept[0] is variables:
-        return kept[1]
-    made = step_allgathers(variables)
-    if len(_STEP_ALLGATHERS) >= 2:
-        _STEP_ALLGATHERS.pop(next(iter(_STEP_ALLGATHERS)))
-    _STEP_ALLGATHERS[id(variables)] = (variables, made)
-    return made
+    kept = _STEP_ALLGATHERS.get(id(variables), variables, _NOT_KEPT)   # None: no sparse variable
+    return kept if kept is not _NOT_KEPT else _STEP_ALLGATHERS.put(id(variables), variables, step_allgathers(variables))
 
 
 class Pricing:
@@ -381,11 +377,7 @@ def pricing(profile: Profile, cluster: ClusterSpec, calibration=None) -> Pricing
     check_inputs(profile, cluster)
     calibration_for(cluster, calibration)   # a ConfigError for another type or shape, before it is a key
     key = (id(profile), cluster, calibration)
-    kept = _PRICINGS.get(key)
-    if kept is not None and kept.profile is profile:
+    kept = _PRICINGS.get(key, profile)
+    if kept is not None:
         return kept
-    made = Pricing(profile, cluster, calibration, costs=_costs_of_shape(profile, cluster))
-    if len(_PRICINGS) >= _PRICINGS_KEPT:
-        _PRICINGS.pop(next(iter(_PRICINGS)))
-    _PRICINGS[key] = made
-    return made
+    return _PRICINGS.put(key, profile, Pricing(profile, cluster, calibration, costs=_costs_of_shape(profile, cluster)))
