@@ -451,6 +451,7 @@ def test_a_thousand_variables_in_jupyterlab_list_the_largest_readably_in_both_th
             assert caption.bounding_box()["y"] < rows.first.bounding_box()["y"], note
         reasons = planner.locator(".parallax-explanations li")
         assert reasons.count() <= TABLE_ROWS + 4, reasons.count()      # not one per variable: 1,001 lines
+        assert planner.locator(".parallax-explanations ul").bounding_box()["height"] < 600   # and in a box of its own
         for view in (profile, planner):
             # the table scrolls in a box of its own, its header row in sight at any row
             box = view.locator("table").first.evaluate(
@@ -467,6 +468,9 @@ def test_a_thousand_variables_in_jupyterlab_list_the_largest_readably_in_both_th
                     view.locator("table").first.evaluate("e => e.parentElement.scrollIntoView({block: 'center'})")
                     time.sleep(0.3)
                     page.screenshot(path=str(test_output_dir / f"browser_lab_1000_{name}_{theme}.png"))
+                planner.locator(".parallax-explanations").evaluate("e => e.scrollIntoView({block: 'start'})")
+                time.sleep(0.3)
+                page.screenshot(path=str(test_output_dir / f"browser_lab_1000_reasons_{theme}.png"))
                 low, measured = low_contrast(page, f"{VIEWS['profile']}, {VIEWS['planner']}")
                 assert measured > 200 and not low, (theme, measured, low[:12])
         finally:

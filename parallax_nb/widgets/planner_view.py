@@ -154,20 +154,20 @@ def render_option_times(planner: Planner) -> str:
 def render_explanations(planner: Planner, table=None) -> str:
     """AUTO's reasons, one line per decision (nothing when the plan is not AUTO's): those
     about the whole plan and about each variable the table lists (``table``: its rows,
-    :func:`listed_rows`), with a line counting the others' (``planner.explanations`` holds
-    every one)."""
+    :func:`listed_rows`), under a note saying so (``planner.explanations`` holds every one)."""
     if not planner.explanations:
         return ""
     names = [v.name for v in planner.plan.variables]
     listed = list((listed_rows(planner) if table is None else table).index)
     lines = reasons_listed(planner.explanations, names, listed)
     items = "".join(f"<li>{style.esc(line)}</li>" for line in lines)
-    if len(listed) < len(names):
-        items += (f'<li style="color: {style.FG2}">... and one for each of the {len(names) - len(listed)} '
-                  f'variables the table does not list (planner.explanations)</li>')
+    some = (style.caption(f"The reasons of the {len(listed)} variables the table lists, not of the other "
+                          f"{len(names) - len(listed)} (every one: planner.explanations).")
+            if len(listed) < len(names) else "")
     return (f'<div class="parallax-explanations" style="{style.FONT} font-size: 12.5px; color: {style.FG}">'
-            f'<b>Why AUTO chose this</b> (estimated step time, {style.esc(planner.calibration_label)})'
-            f'<ul style="margin: 4px 0 0 0; padding-left: 20px">{items}</ul></div>')
+            f'<b>Why AUTO chose this</b> (estimated step time, {style.esc(planner.calibration_label)}){some}'
+            f'<ul style="margin: 4px 0 0 0; padding-left: 20px; max-height: {style.TABLE_HEIGHT}; overflow-y: auto">'
+            f'{items}</ul></div>')
 
 
 def render_baselines(planner: Planner) -> str:
