@@ -263,8 +263,8 @@ class Profile:
                                    hint=_PROFILE_AGAIN)
         if not self.variables:
             raise ProfileError(f"profile {self.model_name!r} lists no variables", hint=_PROFILE_AGAIN)
-        if not all(isinstance(v, VariableProfile) for v in self.variables):
-            other = next(v for v in self.variables if not isinstance(v, VariableProfile))
+        other = next((v for v in self.variables if not isinstance(v, VariableProfile)), None)
+        if other is not None:
             raise ProfileError(f"profile {self.model_name!r}: its variables must be VariableProfiles, "
                                f"got {type(other).__name__}", hint=_PROFILE_AGAIN)
         names = [v.name for v in self.variables]

@@ -196,10 +196,11 @@ def listed_rows(planner: Planner):
     return largest(planner.table, TABLE_VARIABLES)   # the table is made from the plan on each read
 
 
-def render_chart(planner: Planner) -> str:
+def render_chart(planner: Planner, every=None) -> str:
     """Two SVG charts: PS and AR bytes per variable (chosen method solid, the other faint, log
-    axis), and the estimated step time of each whole-model architecture and of this plan."""
-    every = planner.table   # made on each read: read once
+    axis), and the estimated step time of each whole-model architecture and of this plan.
+    ``every``: ``planner.table``, where the caller has read it (it is made on each read)."""
+    every = planner.table if every is None else every
     table = largest(every, CHART_VARIABLES)
     listed = "the table lists all" if len(every) <= TABLE_VARIABLES else "planner.table lists all"
     note = (f"the {len(table)} largest of {len(every)} variables ({listed})" if len(table) < len(every) else "")
@@ -391,13 +392,14 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
             self.error.layout.display = None
         self.summary.value = render_summary(p)
         self.option_times.value = render_option_times(p)
-        listed = listed_rows(p)
+        every = p.table   # made from the plan on each read: read once for the table, reasons and chart
+        listed = largest(every, TABLE_VARIABLES)
         self.table.value = render_table(p, listed)
         self.explanations.value = render_explanations(p, listed)
         self.explanations.layout.display = None if p.explanations else "none"
         key = chart_key(p)
         if key != self._chart_key:     # an invalid input keeps the last plan: no redraw
-            self.chart.value = render_chart(p)
+            self.chart.value = render_chart(p, every)
             self._chart_key = key
         self.publish_snapshot_on_next_cell()
 
