@@ -498,9 +498,10 @@ class Cluster:
 
     def pending_tasks(self) -> dict[int, int]:
         """``{engine id: tasks sent to it and not finished}`` of this cluster's engines that have
-        any, as the controller counts them, less those whose result this notebook already holds
-        (the controller counts a task done a moment after its result arrived); {} when the
-        controller cannot be asked."""
+        any, as the controller counts them, less the tasks this notebook sent and already has the
+        answer to: the controller counts a task done a moment after its result arrived (and may
+        miss it when busy), and a finished run's results are dropped from the Client's memory.
+        {} when the controller cannot be asked."""
         ids = self.engine_ids
         if not self.running or not ids:
             return {}
@@ -509,10 +510,11 @@ class Cluster:
             status = client.queue_status(targets=ids, verbose=True)
         except Exception:   # noqa: BLE001 - a controller that does not answer is start()'s to report
             return {}
+        answered = set(client.history).difference(client.outstanding)
         pending = {}
         for eid in ids:
             queued = status.get(eid, {})
-            unfinished = [m for m in (*queued.get("queue", ()), *queued.get("tasks", ())) if m not in client.results]
+            unfinished = [m for m in (*queued.get("queue", ()), *queued.get("tasks", ())) if m not in answered]
             if unfinished:
                 pending[eid] = len(unfinished)
         return pending
