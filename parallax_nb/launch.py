@@ -48,6 +48,9 @@ FORWARDED_ENV = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "PATH", "LD_LIBRARY_PATH"
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 #: Open MPI byte transports when every rank is on this machine: itself and shared memory.
 LOCAL_BTL = "self,vader"
+#: The folder of one :func:`run_on_ranks` call, in the temporary folder:
+#: ``parallax-ranks-<launcher's process id>-<random>`` (:func:`make_workdir`).
+WORKDIR_PREFIX = "parallax-ranks-"
 
 
 def in_mpi_job() -> bool:
@@ -352,7 +355,7 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
     np = _check_np(np)
     if not callable(fn):
         raise ConfigError(f"run_on_ranks needs a function, got {type(fn).__name__}")
-    workdir = tempfile.mkdtemp(prefix="parallax-ranks-")
+    workdir = make_workdir()
     try:
         payload = os.path.join(workdir, "payload.pkl")
         with open(payload, "wb") as f:
@@ -406,6 +409,49 @@ def run_on_ranks(fn: Callable[..., Any], np: int, args: Sequence[Any] = (), kwar
         return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def make_workdir(prefix: str = WORKDIR_PREFIX) -> str:
+    """A new private folder ``<prefix><this process's id>-<random>`` in the temporary folder,
+    after removing those of ``prefix`` that processes no longer running left there
+    (:func:`remove_left_workdirs`)."""
+    remove_left_workdirs(prefix=prefix)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def remove_left_workdirs(directory: str | None = None, prefix: str = WORKDIR_PREFIX) -> list[str]:
+    """Remove the folders :func:`make_workdir` made for ``prefix`` whose maker is no longer
+    running (in ``directory``, the temporary folder by default) and return their paths. A
+    process that was killed (SIGKILL, a notebook's kernel restarted while it calibrated or
+    ran) ran no ``finally``, and its folder (for :func:`run_on_ranks`, the pickled function
+    and arguments) stayed behind. Only this user's folders are touched; a maker's process id
+    taken again by a process started after the folder last changed counts as ended."""
+    import psutil
+
+    directory = directory or tempfile.gettempdir()
+    pattern = re.compile(rf"^{re.escape(prefix)}(\d+)-")
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid():
+                continue
+            if psutil.Process(int(m.group(1))).create_time() <= info.st_mtime:
+                continue   # its launcher still runs
+        except psutil.NoSuchProcess:
+            pass
+        except (OSError, psutil.Error):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
 
 
 def _wait(proc: subprocess.Popen, pump: OutputPump, timeout_s: float, progress_dir: str | None = None,

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 
+import psutil
 import pytest
 
 from parallax_nb.errors import ConfigError, DistributedError
+from parallax_nb.failures import mpi_rank
 from parallax_nb.launch import mpirun_command, run_on_ranks
 from reliability_cases import CONNECT_WARNING   # Open MPI's warning, as mpirun printed it
 
@@ -183,7 +186,7 @@ def _processes_mentioning(text: str) -> list:
 
 
 @pytest.mark.mpi
-def test_a_killed_launcher_leaves_no_mpirun_or_rank_behind(tmp_path):
+def test_a_killed_launcher_leaves_no_mpirun_or_rank_behind(tmp_path, monkeypatch):
     """SIGKILL of the process that called run_on_ranks (no finally runs): mpirun and both
     ranks must still go away, because mpirun is tied to its launcher's life."""
     import signal
@@ -195,8 +198,10 @@ def test_a_killed_launcher_leaves_no_mpirun_or_rank_behind(tmp_path):
     script = tmp_path / "launcher.py"
     script.write_text(LAUNCHER)
     marker = str(tmp_path / "rank-started")
+    temporary = tmp_path / "tmp"   # the launcher's temporary folder, where its call's folder is made
+    temporary.mkdir()
     launcher = subprocess.Popen([sys.executable, str(script), marker], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(temporary)})
     deadline = time.time() + 120
     while not all(os.path.exists(f"{marker}.{r}") for r in (0, 1)):
         assert launcher.poll() is None, "the launcher exited before its ranks started"
@@ -209,6 +214,43 @@ def test_a_killed_launcher_leaves_no_mpirun_or_rank_behind(tmp_path):
     launcher.wait(timeout=10)
     gone, alive = psutil.wait_procs(ranks + mpiruns, timeout=30)
     assert not alive, f"left behind after the launcher was killed: {[p.cmdline() for p in alive]}"
+    def folders():   # beside Open MPI's session folder
+        return [p.name for p in temporary.glob("parallax-ranks-*")]
+
+    left = folders()
+    assert len(left) == 1 and left[0].startswith(f"parallax-ranks-{launcher.pid}-"), left   # no finally ran
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    assert run_on_ranks(mpi_rank, 1) == [0]
+    assert folders() == [], "the next call leaves the killed launcher's folder behind"
+
+
+def test_folders_of_launchers_that_ended_are_removed_and_running_ones_kept(tmp_path):
+    """remove_left_workdirs: a folder whose launcher has ended goes; this process's, a running
+    process's and a process id taken again after the folder last changed are told apart."""
+    import subprocess
+    import sys
+
+    from parallax_nb.launch import remove_left_workdirs
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    ended_pid = int(ended.stdout)
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {"ended": f"parallax-ranks-{ended_pid}-abc", "mine": f"parallax-ranks-{os.getpid()}-abc",
+                 "running": f"parallax-ranks-{running.pid}-abc", "other": "parallax-ranks-abc",
+                 "reused": f"parallax-ranks-{running.pid}-old"}
+        for name in names.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "payload.pkl").write_bytes(b"x")
+        old = psutil.Process(running.pid).create_time() - 60   # changed before that process started
+        os.utime(tmp_path / names["reused"], (old, old))
+        removed = remove_left_workdirs(str(tmp_path))
+    finally:
+        running.kill()
+        running.wait()
+    assert sorted(removed) == sorted(str(tmp_path / names[k]) for k in ("ended", "reused"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[k] for k in ("mine", "running", "other"))
 
 
 def _mpi4py_before_horovod() -> int:

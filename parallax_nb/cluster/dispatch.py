@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 import threading
 import time
 import traceback
 from typing import Any, Callable
 
 from .. import progress
+from ..launch import make_workdir
 from ..errors import ConfigError, DistributedError
 from .cluster import Cluster, default_cluster
 from .engine import RECORD_KEY_PREFIX, STATUS_KEY, STOP_SIGNAL, train_on_engine
@@ -40,6 +40,9 @@ from .handle import FAILED, RUNNING, STOPPING, Run
 
 STOP_GRACE_S = 15.0
 FAILURE_GRACE_S = 10.0
+#: A run's folder for its ranks' error reports: ``<prefix><notebook's process id>-<random>``
+#: (:func:`~parallax_nb.launch.make_workdir`: a killed kernel's is removed by its next run).
+ERROR_DIR_PREFIX = "parallax_nb-run-errors-"
 OUTPUT_WAIT_S = 2.0      # at most this long for an engine's last published data after its result
 _last_run: Run | None = None
 
@@ -431,7 +434,7 @@ def _start(the_run: Run, job, cluster: Cluster | None, train_fn, steps: int, opt
             progress.unlisten(forward)
         cluster.check_idle(f"starting a run of {job.name}")   # not queued behind another run or calibration
         the_run.set_phase(f"shipping the job to {the_run.engines} engines")
-        error_dir = tempfile.mkdtemp(prefix="parallax_nb-run-errors-")     # 0700, removed when the run ends
+        error_dir = make_workdir(ERROR_DIR_PREFIX)     # 0700, removed when the run ends
         options = dict(options, error_dir=error_dir)
         job_bytes = job.to_bytes()
         train_fn_bytes = _pickle_function(train_fn) if train_fn is not None else None
