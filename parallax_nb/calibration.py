@@ -287,6 +287,7 @@ class Calibration:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"calibration {name} must be a whole number >= 1, got {value!r}")
         object.__setattr__(self, "fits", _by_op_scope(self.fits, CollectiveFit, "fit"))
+        object.__setattr__(self, "_fit_of", {})   # (op, scope) -> fit, as fit() found it: not a field
         object.__setattr__(self, "link_fits", _by_op_scope(self.link_fits, LinkFit, "link fit"))
         object.__setattr__(self, "compute_time_s", {str(k): _finite(f"compute_time_s[{k!r}]", v, strict=True)
                                                     for k, v in dict(self.compute_time_s).items()})
@@ -386,8 +387,12 @@ class Calibration:
 
     def fit(self, op: str, scope: str = "all") -> CollectiveFit:
         """The fit of ``op`` in ``scope``; a scope not measured falls back to "all"."""
+        found = self._fit_of.get((op, scope))   # asked thousands of times per replan
+        if found is not None:
+            return found
         for key in (f"{op}/{scope}", f"{op}/all"):
             if key in self.fits:
+                self._fit_of[op, scope] = self.fits[key]
                 return self.fits[key]
         raise ConfigError(f"this calibration has no figure for {op!r} calls (scope {scope!r})",
                           hint=f"it holds {sorted(self.fits)}; measure again with px.calibrate(...)")

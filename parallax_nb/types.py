@@ -158,6 +158,10 @@ class VariableProfile:
         if any(u < 0 for u in unions):
             raise self._bad("union_rows_by_workers", list(self.union_rows_by_workers), "a list of numbers >= 0")
         object.__setattr__(self, "union_rows_by_workers", unions)
+        # the measured fractions, read thousands of times per replan (alpha_for_workers); not a field
+        rows = max(shape[0] if shape else 1, 1)
+        object.__setattr__(self, "_measured_alphas",
+                           tuple(min(1.0, u / rows) for u in unions) if self.kind is Kind.SPARSE else ())
         for name, high in _PROFILED_NUMBERS:
             value = getattr(self, name)
             # checked fast: a planner's tests and benchmarks build thousands of these
@@ -192,10 +196,10 @@ class VariableProfile:
         Measured for 1..8 workers; beyond that the union is extrapolated as
         ``1 - (1 - alpha_1)^G`` (independent draws), capped by the measured largest union.
         """
+        measured = self._measured_alphas
+        if 0 < workers <= len(measured):
+            return measured[workers - 1]
         unions = self.union_rows_by_workers
-        if 0 < workers <= len(unions) and self.kind is Kind.SPARSE:   # read thousands of times per replan
-            rows = self.shape[0] if self.shape else 1   # self.rows: the shape holds ints
-            return min(1.0, unions[workers - 1] / max(rows, 1))
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         if not self.is_sparse:

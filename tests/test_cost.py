@@ -1,4 +1,5 @@
 """The cost model against hand-worked numbers (DESIGN.md §6), local aggregation, estimates."""
+import dataclasses
 import math
 import subprocess
 import sys
@@ -315,8 +316,7 @@ def test_plain_horovod_allgathers_duplicate_rows():
     the 12,000 B of ids by Bruck's algorithm, 29 slices a machine each way (steps of 1, 2, 4, 8
     slices to the rank that far below: 1 + 2·2 + 2·4 + 2·8): 2·29·12,000 = 696,000 B. Direct
     sends would be 2·G·s·(W−G) = 22,176,000 B."""
-    var = VariableProfile(**{**sparse_var().__dict__, "grad_bytes_per_step": 1500 * (256 + 8),
-                             "union_rows_by_workers": (1000.0, 1900.0)})
+    var = dataclasses.replace(sparse_var(), grad_bytes_per_step=1500 * (256 + 8), union_rows_by_workers=(1000.0, 1900.0))
     c = variable_cost(var, ClusterSpec(machines=8))
     assert c.bytes_for("horovod") == pytest.approx(5_544_000, abs=BYTE)
     assert c.bytes_for("ar") == pytest.approx(3_696_000, abs=BYTE)
@@ -347,8 +347,7 @@ def test_link_frames_each_calls_payload_at_its_own_measured_factor():
             "allreduce/cross": LinkFit(3869.0, 5.995)}
     calibration = Calibration(4, 2, Calibration.defaults(4, 2, 1e9, 25e-6).fits, where="here", link_fits=fits)
     assert calibration.payload_framing_factor == pytest.approx(0.9992, abs=1e-4)   # the median: what all had
-    var = VariableProfile(**{**sparse_var().__dict__, "grad_bytes_per_step": 1500 * (256 + 8),
-                             "union_rows_by_workers": (1000.0, 1900.0)})
+    var = dataclasses.replace(sparse_var(), grad_bytes_per_step=1500 * (256 + 8), union_rows_by_workers=(1000.0, 1900.0))
     prof = Profile("toy", 32, 20, 0.01, 0, (var, dense_var()))
     cluster = ClusterSpec(machines=4, workers_per_machine=2)
     est = compare_architectures(prof, cluster, include_horovod=True, calibration=calibration)[PLAIN_HOROVOD]

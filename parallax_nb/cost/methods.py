@@ -99,19 +99,20 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
     and indices with indices (``step``, :func:`step_allgathers`: every sparse variable's, taken
     as if all were on AR), as it fuses plain Horovod's."""
     n, scale, alpha = _shape(var, cluster)
-    values, ids = alpha * var.size_bytes, INDEX_BYTES * alpha * var.rows
+    rows, size = var.rows, var.size_bytes
+    values, ids = alpha * size, INDEX_BYTES * alpha * rows
     if _two_level(cluster):
         N, G = cluster.machines, cluster.workers_per_machine
         one = var.alpha_for_workers(1)
-        index = allgather_index_bytes(alpha, var.rows, n) * scale
-        bytes_ = allgather_value_bytes(alpha, var.size_bytes, n) * scale + index
-        own = G * one * (var.size_bytes + INDEX_BYTES * var.rows)
+        index = allgather_index_bytes(alpha, rows, n) * scale
+        bytes_ = allgather_value_bytes(alpha, size, n) * scale + index
+        own = G * one * (size + INDEX_BYTES * rows)
         if N == 1:   # the one gather of every variable of the group (its bytes stay in the machine)
             return MethodCost(bytes_, index, _rounds("allgather", n, cluster),
                               (Collective("alltoall", 0, "machine", own),),
                               group=f"{AR_SPARSE_GROUP} {var.dtype} {tuple(var.shape[1:])}",
                               grouped=(Collective("alltoall", 1, "machine"),))
-        inside = _calls("alltoall", "machine", G * one * var.size_bytes, G * INDEX_BYTES * one * var.rows,
+        inside = _calls("alltoall", "machine", G * one * size, G * INDEX_BYTES * one * rows,
                         N * values, N * ids)
         return MethodCost(bytes_, index, _rounds("allgather", n, cluster),
                           (inside, _calls("alltoall", "cross", N * values / G, N * ids / G)))
@@ -169,19 +170,20 @@ def ps_sparse_alone(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
 
 def _ps_sparse(var: VariableProfile, cluster: ClusterSpec, own_exchange: bool) -> MethodCost:
     n, scale, alpha = _shape(var, cluster)
-    index = ps_index_bytes(alpha, var.rows, n) * scale if own_exchange else 0.0
-    values = alpha * var.size_bytes
-    ids = INDEX_BYTES * alpha * var.rows if own_exchange else 0.0
+    rows, size = var.rows, var.size_bytes
+    index = ps_index_bytes(alpha, rows, n) * scale if own_exchange else 0.0
+    values = alpha * size
+    ids = INDEX_BYTES * alpha * rows if own_exchange else 0.0
     if _two_level(cluster):
         G = cluster.workers_per_machine
-        one_ids = INDEX_BYTES * var.alpha_for_workers(1) * var.rows if own_exchange else 0.0
+        one_ids = INDEX_BYTES * var.alpha_for_workers(1) * rows if own_exchange else 0.0
         collectives = (_calls("alltoall", "machine", G * one_ids, values, values),
                        _calls("alltoall", "cross", ids / G, values / G, values / G))
     else:
         collectives = (_calls("alltoall", "all", ids, values, values),)
     if not own_exchange:
         collectives = tuple(Collective(c.op, 0, c.participants, c.handed_bytes) for c in collectives)
-    return MethodCost(ps_value_bytes(alpha, var.size_bytes, n) * scale + index, index,
+    return MethodCost(ps_value_bytes(alpha, size, n) * scale + index, index,
                       _rounds("ps_sparse", n, cluster) if own_exchange else 0, collectives)
 
 
@@ -336,7 +338,10 @@ class CostTable(dict):
         eager, pending, self._reuse = _LAYOUT[var.kind, cluster.local_aggregation]
         self._var, self._cluster, self._step = var, cluster, step
         self._pending = dict(pending)
-        super().__init__([(key, self._make(key, cost)) for key, cost in eager])
+        # _make's choice inline: a replan makes thousands of tables
+        fused = _FUSED_ALLGATHERS if step is not None and var.kind is Kind.SPARSE else {}
+        super().__init__([(key, fused[key](var, cluster, step) if key in fused else cost(var, cluster))
+                          for key, cost in eager])
 
     def _make(self, key: str, cost: CostFunction) -> MethodCost:
         """The entry of ``key``; a sparse variable's allgathers priced at the step's fused sizes."""
