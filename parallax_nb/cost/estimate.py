@@ -151,7 +151,7 @@ def step_time_curves(profile: Profile, cluster: ClusterSpec, machines: Iterable[
     curves: dict[str, list[float]] = {k: [] for k in keys}
     for n in counts:
         spec = cluster.replace(machines=n)
-        priced = Pricing(profile, spec)
+        priced = pricing(profile, spec)   # the one AUTO's choice below prices again, kept
         for key in keys:
             if key in BASELINE_KEYS:
                 est = priced.baseline(key)
