@@ -159,7 +159,7 @@ class VariableProfile:
             raise self._bad("union_rows_by_workers", list(self.union_rows_by_workers), "a list of numbers >= 0")
         object.__setattr__(self, "union_rows_by_workers", unions)
         # the measured fractions, read thousands of times per replan (alpha_for_workers); not a field
-        rows = max(shape[0] if shape else 1, 1)
+        rows = max(self.rows, 1)
         object.__setattr__(self, "_measured_alphas",
                            tuple(min(1.0, u / rows) for u in unions) if self.kind is Kind.SPARSE else ())
         for name, high in _PROFILED_NUMBERS:
@@ -199,14 +199,12 @@ class VariableProfile:
         measured = self._measured_alphas
         if 0 < workers <= len(measured):
             return measured[workers - 1]
-        unions = self.union_rows_by_workers
         if workers < 1:
             raise ConfigError(f"workers must be >= 1, got {workers}")
         if not self.is_sparse:
             return 1.0
         independent = 1.0 - (1.0 - self.alpha_mean) ** workers
-        measured_max = unions[-1] / max(self.rows, 1) if unions else 0.0
-        return min(1.0, max(independent, measured_max))
+        return min(1.0, max(independent, measured[-1] if measured else 0.0))
 
     def to_dict(self) -> dict:
         d = asdict(self)

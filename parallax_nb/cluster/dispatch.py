@@ -32,8 +32,8 @@ import traceback
 from typing import Any, Callable
 
 from .. import progress
-from ..launch import make_workdir
 from ..errors import ConfigError, DistributedError
+from ..launch import make_workdir
 from .cluster import Cluster, default_cluster
 from .engine import RECORD_KEY_PREFIX, STATUS_KEY, STOP_SIGNAL, train_on_engine
 from .handle import FAILED, RUNNING, STOPPING, Run

@@ -338,16 +338,14 @@ class CostTable(dict):
         eager, pending, self._reuse = _LAYOUT[var.kind, cluster.local_aggregation]
         self._var, self._cluster, self._step = var, cluster, step
         self._pending = dict(pending)
-        # _make's choice inline: a replan makes thousands of tables
-        fused = _FUSED_ALLGATHERS if step is not None and var.kind is Kind.SPARSE else {}
-        super().__init__([(key, fused[key](var, cluster, step) if key in fused else cost(var, cluster))
-                          for key, cost in eager])
+        # a sparse variable's allgathers priced at the step's fused sizes, where a step is given
+        self._fused = _FUSED_ALLGATHERS if step is not None and var.kind is Kind.SPARSE else {}
+        super().__init__([(key, self._make(key, cost)) for key, cost in eager])
 
     def _make(self, key: str, cost: CostFunction) -> MethodCost:
-        """The entry of ``key``; a sparse variable's allgathers priced at the step's fused sizes."""
-        if self._step is not None and self._var.kind is Kind.SPARSE and key in _FUSED_ALLGATHERS:
-            return _FUSED_ALLGATHERS[key](self._var, self._cluster, self._step)
-        return cost(self._var, self._cluster)
+        """The entry of ``key`` (``self._fused``'s function for it, else ``cost``)."""
+        fused = self._fused.get(key)
+        return fused(self._var, self._cluster, self._step) if fused else cost(self._var, self._cluster)
 
     def __missing__(self, key):
         cost = self._pending.pop(key, None)

@@ -191,9 +191,10 @@ def largest(table, limit: int):
     return table.iloc[largest_in_order(peak.tolist(), limit)]
 
 
-def listed_rows(planner: Planner):
-    """The rows of ``planner.table`` the view's table lists (:data:`TABLE_VARIABLES` at most)."""
-    return largest(planner.table, TABLE_VARIABLES)   # the table is made from the plan on each read
+def listed_rows(planner: Planner, every=None):
+    """The rows of ``planner.table`` the view's table lists (:data:`TABLE_VARIABLES` at most).
+    ``every``: ``planner.table``, where the caller has read it (it is made on each read)."""
+    return largest(planner.table if every is None else every, TABLE_VARIABLES)
 
 
 def render_chart(planner: Planner, every=None) -> str:
@@ -393,7 +394,7 @@ class PlannerView(SnapshotDisplay, widgets.VBox):
         self.summary.value = render_summary(p)
         self.option_times.value = render_option_times(p)
         every = p.table   # made from the plan on each read: read once for the table, reasons and chart
-        listed = largest(every, TABLE_VARIABLES)
+        listed = listed_rows(p, every)
         self.table.value = render_table(p, listed)
         self.explanations.value = render_explanations(p, listed)
         self.explanations.layout.display = None if p.explanations else "none"
