@@ -82,6 +82,8 @@ def _enum_value(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
+#: the widths of a sparse gradient's row indices TensorFlow makes: int32 and int64 ids
+INDEX_WIDTHS = (4, 8)
 _PROFILE_AGAIN = "profile the job again: px.profile(job), or `python -m parallax_nb profile`"
 # a profiled variable's figures and their upper bounds (the lower is 0): bytes and rows are
 # finite, the fractions of rows at most 1
@@ -116,7 +118,11 @@ class VariableProfile:
     unique rows touched by G consecutive batches evaluated at one step's state (the G workers
     of a step share it, so rows drawn from the state, like sampled candidates, count once):
     what a machine of G workers sends after local aggregation (G = 1..8). ``grad_bytes_per_step`` is what one worker's gradient
-    occupies: values plus int64 indices for a sparse variable, the whole tensor for a dense one.
+    occupies: values plus indices for a sparse variable, the whole tensor for a dense one.
+    ``index_bytes`` is the width of a sparse gradient's row indices as TensorFlow made them: 4
+    when the ids are int32 (a Keras ``Embedding`` fed int32 ids), 8 when int64; plain Horovod
+    allgathers them at that width (parallax_nb's own exchanges send int64 ids). Profiles
+    written before it was recorded read 8, as their ``grad_bytes_per_step`` was counted.
     ``lookup_shared_with`` names the sparse variable this one is looked up together with, at
     the same ids in one :func:`parallax_nb.ops.embedding_lookups` call (the sampled softmax's
     biases with its weights): with both on parameter servers the runtime serves them in one
@@ -136,6 +142,7 @@ class VariableProfile:
     grad_bytes_per_step: float
     union_rows_by_workers: tuple[float, ...] = ()
     lookup_shared_with: str = ""
+    index_bytes: int = 8
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -158,6 +165,9 @@ class VariableProfile:
         if any(u < 0 for u in unions):
             raise self._bad("union_rows_by_workers", list(self.union_rows_by_workers), "a list of numbers >= 0")
         object.__setattr__(self, "union_rows_by_workers", unions)
+        if self.index_bytes not in INDEX_WIDTHS:   # a bool or text is not either
+            raise self._bad("index_bytes", self.index_bytes, "4 (int32 row ids) or 8 (int64 row ids)")
+        object.__setattr__(self, "index_bytes", int(self.index_bytes))
         # the measured fractions, read thousands of times per replan (alpha_for_workers); not a field
         rows = max(self.rows, 1)
         object.__setattr__(self, "_measured_alphas",
@@ -216,7 +226,7 @@ class VariableProfile:
     @classmethod
     def from_dict(cls, d: dict) -> "VariableProfile":
         names = {f.name for f in fields(cls)}
-        missing = names - {"union_rows_by_workers", "lookup_shared_with"} - set(d)
+        missing = names - {"union_rows_by_workers", "lookup_shared_with", "index_bytes"} - set(d)
         if missing:
             raise ProfileError(f"variable entry {d.get('name', '?')!r} lacks fields {sorted(missing)}")
         return cls(**{k: v for k, v in d.items() if k in names})

@@ -1,6 +1,7 @@
 """The profiler on the tiny LM, checked against numpy computed independently from the batches,
 plus JSON round-trip, the command line, and the errors a user can cause."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -84,7 +85,10 @@ def test_embedding_alpha_and_union_match_numpy(lm):
     assert v.rows_touched_mean == pytest.approx(np.mean([s.size for s in sets]))
     assert 0 < v.alpha_mean < 0.5
     lookups = job.batch_size * config.seq_len
-    assert v.grad_bytes_per_step == pytest.approx(lookups * (config.embedding_dim * 4 + 8))
+    # the gradient's indices are the tokens as the data holds them: int32, 4 bytes each
+    width = batches[0][0].dtype.itemsize
+    assert v.index_bytes == width == 4
+    assert v.grad_bytes_per_step == pytest.approx(lookups * (config.embedding_dim * 4 + width))
     assert v.union_rows_by_workers == pytest.approx(_union_means(sets, 8), rel=1e-12)
     assert v.union_rows_by_workers[7] > v.union_rows_by_workers[0]  # more workers, more rows
 
@@ -297,13 +301,13 @@ def test_data_without_examples():
 
 # ---- user models written without parallax_nb in mind ---------------------------------------------
 
-def _user_job(build):
+def _user_job(build, id_dtype=np.int32):
     import keras
     import tensorflow as tf
 
     from parallax_nb import Job
 
-    ids = np.random.default_rng(1).integers(0, 50, (64, 4)).astype(np.int32)
+    ids = np.random.default_rng(1).integers(0, 50, (64, 4)).astype(id_dtype)
     labels = (ids[:, 0] % 2).astype(np.float32)[:, None]
     return Job(model=build, loss=lambda y, p: keras.losses.binary_crossentropy(y, p, from_logits=True),
                optimizer=lambda: keras.optimizers.SGD(0.1), batch_size=8,
@@ -343,6 +347,48 @@ def test_lazily_built_sequential_model():
     assert [v.name for v in prof.variables if v.is_sparse] == ["seq/emb/embeddings"]
     expected = [np.unique(ids[s * 8:(s + 1) * 8]).size / 50 for s in range(1, 5)]
     assert prof["seq/emb/embeddings"].alpha_mean == pytest.approx(np.mean(expected), rel=1e-12)
+
+
+@pytest.mark.parametrize("id_dtype, width", [(np.int32, 4), (np.int64, 8)])
+def test_the_gradient_indices_width_follows_the_ids(id_dtype, width):
+    """A Keras ``Embedding`` fed int32 ids makes a gradient with int32 indices, fed int64 ids
+    int64 ones; plain Horovod allgathers them as they are, so the profile records the width,
+    counts it in the gradient's bytes, and the baseline's index bytes follow it."""
+    from parallax_nb.cost.methods import horovod_slices
+    from parallax_nb.profile import profile_job
+
+    def build():
+        import keras
+
+        tokens = keras.Input((4,), dtype=np.dtype(id_dtype).name)
+        pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 4, name="emb")(tokens))
+        return keras.Model(tokens, keras.layers.Dense(1, name="out")(pooled), name="seq")
+
+    job, ids = _user_job(build, id_dtype)
+    prof = profile_job(job, steps=2, warmup=0)
+    table = prof["emb/embeddings"]
+    lookups = 8 * ids.shape[1]   # every id of a batch of 8 is one row of the gradient
+    assert table.index_bytes == width
+    assert table.grad_bytes_per_step == pytest.approx(lookups * (4 * 4 + width))
+    values, index = horovod_slices(table)
+    assert (values, index) == pytest.approx((lookups * 16, lookups * width))
+    assert Profile.from_json(prof.to_json())["emb/embeddings"].index_bytes == width
+
+
+def test_a_profile_without_the_index_width_reads_int64_and_a_bad_width_is_named(lm):
+    """Profiles written before the width was recorded counted 8 bytes an index: they read 8.
+    A width TensorFlow does not make is refused, naming the variable and the value."""
+    _, prof = lm
+    data = json.loads(prof.to_json())
+    for v in data["variables"]:
+        del v["index_bytes"]
+    assert all(v.index_bytes == 8 for v in Profile.from_dict(data).variables)
+    for bad in (3, "4", True, None):
+        data = json.loads(prof.to_json())
+        data["variables"][0]["index_bytes"] = bad
+        with pytest.raises(ProfileError, match=r"variable 'embedding/embeddings': index_bytes must be 4 "
+                                               r"\(int32 row ids\) or 8 \(int64 row ids\), got " + re.escape(repr(bad))):
+            Profile.from_dict(data)
 
 
 def test_tied_table_is_dense():

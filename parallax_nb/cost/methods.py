@@ -250,10 +250,12 @@ def horovod_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
 def horovod_slices(var: VariableProfile) -> tuple[float, float]:
     """``(values, indices)``: the bytes one rank hands to plain Horovod's two allgathers of
     ``var``'s gradient, the ``IndexedSlices`` as TensorFlow made them (one row per lookup,
-    duplicates included): the profiled ``s`` gradient bytes split by row width and int64 index."""
+    duplicates included): the profiled ``s`` gradient bytes split by row width and index width
+    (``var.index_bytes``: int32 ids make int32 indices, which Horovod ships as they are)."""
+    width = var.index_bytes
     per_worker = var.grad_bytes_per_step if var.grad_bytes_per_step > 0 else \
-        var.alpha_for_workers(1) * var.rows * (var.row_bytes + INDEX_BYTES)
-    index = per_worker * INDEX_BYTES / (var.row_bytes + INDEX_BYTES)
+        var.alpha_for_workers(1) * var.rows * (var.row_bytes + width)
+    index = per_worker * width / (var.row_bytes + width)
     return per_worker - index, index
 
 

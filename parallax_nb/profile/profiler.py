@@ -72,12 +72,14 @@ class _SharedLookups:
         return [None] * len(pairs)
 
 
-def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict, shared: _SharedLookups):
+def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict, shared: _SharedLookups,
+                     index_bytes: dict):
     """A ``tf.function`` training step returning ``(loss, {name: (unique_rows, index_count)})``.
 
     ``kinds`` is filled while tracing (once): ``"sparse"`` for an ``IndexedSlices`` gradient,
-    ``"dense"`` for a tensor, ``"none"`` for a variable the loss does not depend on; and
-    ``shared`` records the lookups made together.
+    ``"dense"`` for a tensor, ``"none"`` for a variable the loss does not depend on;
+    ``index_bytes`` the width of each ``IndexedSlices``' indices (4 for int32 ids, 8 for int64);
+    and ``shared`` records the lookups made together.
     """
     import tensorflow as tf
 
@@ -93,6 +95,7 @@ def _make_train_step(job: Job, model, optimizer, variables, names, kinds: dict, 
         for name, grad in zip(names, grads):
             if isinstance(grad, tf.IndexedSlices):
                 kinds[name] = "sparse"
+                index_bytes[name] = grad.indices.dtype.size
                 ids = tf.reshape(grad.indices, [-1])
                 touched[name] = (tf.unique(ids)[0], tf.size(ids))
             else:
@@ -217,6 +220,7 @@ class _Recording:
     """What the profiled steps produced, per sparse variable and per step."""
 
     kinds: dict = field(default_factory=dict)             # name -> "sparse" | "dense" | "none"
+    index_bytes: dict = field(default_factory=dict)       # name -> width of a sparse gradient's indices
     unique_rows: dict = field(default_factory=dict)       # name -> [sorted unique row ids per step]
     index_counts: dict = field(default_factory=dict)      # name -> [gradient index length per step]
     windows: dict = field(default_factory=dict)           # name -> per step: [own rows, next batches' rows at its state]
@@ -243,7 +247,8 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     rows_by_name = {n: (int(v.shape[0]) if len(v.shape) else 1) for n, v in zip(names, variables)}
     rec = _Recording()
     progress.phase("profile", "tracing the training step", done=0, total=warmup + steps)
-    train_step = _make_train_step(job, model, optimizer, variables, names, rec.kinds, rec.shared)
+    train_step = _make_train_step(job, model, optimizer, variables, names, rec.kinds, rec.shared,
+                                  rec.index_bytes)
     try:  # trace before timing anything: structure errors surface here, with their cause
         train_step = train_step.get_concrete_function(*first)
     except ParallaxError:
@@ -362,7 +367,8 @@ def _profile(job: Job, steps: int, warmup: int, max_workers: int) -> Profile:
         name, shape, dtype = var.path, tuple(int(d) for d in var.shape), tf.as_dtype(var.dtype)
         if rec.kinds.get(name) == "sparse":
             profiles.append(sparse_variable_profile(name, shape, dtype.name, dtype.size, rec.unique_rows[name],
-                                                    rec.index_counts[name], max_workers, rec.windows[name]))
+                                                    rec.index_counts[name], max_workers, rec.windows[name],
+                                                    rec.index_bytes[name]))
         else:
             profiles.append(dense_variable_profile(name, shape, dtype.name, dtype.size, steps, max_workers))
     sparse = {p.name for p in profiles if p.is_sparse}

@@ -16,9 +16,10 @@ Definitions (k profiled steps, R = rows of the variable, S_s = unique rows touch
   G = 1 .. min(max_workers, k); longer windows are left to
   :meth:`parallax_nb.types.VariableProfile.alpha_for_workers` to extrapolate.
 - ``grad_bytes_per_step`` of a sparse variable = mean over steps of
-  ``n_s * (row_bytes + 8)``, where n_s is the length of the gradient's index vector (each
-  lookup contributes one row, duplicates included: what the ``IndexedSlices`` occupies) and
-  8 bytes is one int64 index. A dense variable's gradient is the whole tensor: ``size_bytes``.
+  ``n_s * (row_bytes + index_bytes)``, where n_s is the length of the gradient's index vector
+  (each lookup contributes one row, duplicates included: what the ``IndexedSlices`` occupies)
+  and ``index_bytes`` the width of its indices as TensorFlow made them (4 for int32 ids, 8 for
+  int64). A dense variable's gradient is the whole tensor: ``size_bytes``.
 """
 from __future__ import annotations
 
@@ -27,8 +28,6 @@ from typing import Sequence
 import numpy as np
 
 from ..types import Kind, VariableProfile
-
-INDEX_BYTES = 8  # one int64 row index on the wire
 
 
 def alpha_summary(touched_rows: Sequence[int], rows: int) -> dict[str, float]:
@@ -66,23 +65,25 @@ def union_rows_by_workers(windows: Sequence[Sequence[np.ndarray]], max_workers: 
 
 def sparse_variable_profile(name: str, shape: tuple[int, ...], dtype: str, itemsize: int,
                             unique_rows_per_step: Sequence[np.ndarray], index_counts: Sequence[int],
-                            max_workers: int, windows: Sequence[Sequence[np.ndarray]] | None = None) -> VariableProfile:
+                            max_workers: int, windows: Sequence[Sequence[np.ndarray]] | None = None,
+                            index_bytes: int = 8) -> VariableProfile:
     """The profile of a variable whose gradient was a ``tf.IndexedSlices`` at every step.
 
     ``windows``: see :func:`union_rows_by_workers`; without them each step's own rows make a
-    window of one batch (no union measured beyond G = 1)."""
+    window of one batch (no union measured beyond G = 1). ``index_bytes``: the width of the
+    gradient's indices (4 or 8)."""
     if windows is None:
         windows = [[ids] for ids in unique_rows_per_step]
     rows = int(shape[0])
     size_bytes = int(np.prod(shape, dtype=np.int64)) * itemsize
     row_bytes = size_bytes / max(rows, 1)
     touched = [int(ids.size) for ids in unique_rows_per_step]
-    grad_bytes = float(np.mean([n * (row_bytes + INDEX_BYTES) for n in index_counts]))
+    grad_bytes = float(np.mean([n * (row_bytes + index_bytes) for n in index_counts]))
     return VariableProfile(
         name=name, shape=shape, dtype=dtype, size_bytes=size_bytes, kind=Kind.SPARSE,
         rows_touched_mean=float(np.mean(touched)), **alpha_summary(touched, rows),
         grad_bytes_per_step=grad_bytes,
-        union_rows_by_workers=union_rows_by_workers(windows, max_workers),
+        union_rows_by_workers=union_rows_by_workers(windows, max_workers), index_bytes=index_bytes,
     )
 
 

@@ -1,7 +1,7 @@
 """ProfileView: what a profile measured, per variable: kind, shape, size, alpha, gradient bytes.
 
 The chart puts each variable's full size next to the bytes its gradient occupies per step
-(``grad_bytes_per_step``: values plus int64 indices for a sparse variable, the whole tensor for
+(``grad_bytes_per_step``: values plus indices for a sparse variable, the whole tensor for
 a dense one), on a log scale: the gap between the two bars of a sparse variable is what PS
 saves over sending it as a dense tensor.
 """
