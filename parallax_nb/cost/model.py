@@ -9,7 +9,8 @@ Symbols and units
 ``N``  machines; ``G`` workers per machine; ``W = N * G`` workers (ranks).
 ``a``  fraction of the R rows one participant sends in one step (alpha, 0..1; 1 when dense).
 ``n``  participants in a collective; ``g`` participants on one machine.
-``I = 8`` bytes per row index (int64).
+``I = 8`` bytes per row index (int64: parallax_nb's exchanges send ids as int64; plain
+Horovod's allgathered indices are as wide as TensorFlow made them, ``VariableProfile.index_bytes``).
 
 Every figure is the bytes **sent plus received** by one machine's link to the network in one
 step, an expectation over steps (a real number, not rounded; a test compares to the byte with
