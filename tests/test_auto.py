@@ -358,12 +358,15 @@ def test_the_horovod_baselines_are_charged_their_own_calibrated_compute():
 
 
 def test_a_calibration_changes_what_auto_chooses():
-    """The same profile and cluster: with cheap cross-machine alltoalls the tables go PS, with
-    alltoalls that cost 50 ms a call they stay AR, and AUTO says so."""
+    """The same profile and cluster, local aggregation on (its exchanges are alltoalls across
+    machines): with cheap cross-machine alltoalls the tables go PS, with alltoalls that cost
+    50 ms a call they stay AR, and AUTO says so."""
     prof = lm_profile()
     cluster = ClusterSpec.create(2, 2, "1Gbit/s")
-    cheap = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=1e-5))
-    dear = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=0.05))
+    cheap = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=1e-5),
+                      local_aggregation=True)
+    dear = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=0.05),
+                     local_aggregation=True)
     assert cheap.method("softmax_w") is Method.PS and dear.method("softmax_w") is Method.AR
     assert any(line.startswith("softmax_w: AR, ") for line in dear.explanations)
 

@@ -120,7 +120,8 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
     _, g = participants(cluster)
     index = allgatherv_link_bytes(ids, n, g, step and step.ar_index_bytes)
     return MethodCost(allgatherv_link_bytes(values, n, g, step and step.ar_values_bytes) + index, index,
-                      _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),))
+                      _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),),
+                      fused_allgather=True)
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
@@ -278,7 +279,7 @@ def horovod_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgath
     index_link = allgatherv_link_bytes(index, W, G, step and step.horovod_index_bytes)
     return MethodCost(allgatherv_link_bytes(values, W, G, step and step.horovod_values_bytes) + index_link, index_link,
                       0 if cluster.machines == 1 else rounds("allgather", W),
-                      (_calls("allgather", "all", values, index),))
+                      (_calls("allgather", "all", values, index),), fused_allgather=True)
 
 
 class StepAllgathers(NamedTuple):

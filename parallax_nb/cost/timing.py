@@ -47,9 +47,14 @@ import functools
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple, Sequence
 
-from ..calibration import Calibration
+from ..calibration import CALL_PRICING_CHAIN, Calibration
 from ..errors import ConfigError
 from ..types import PLAIN_HOROVOD, SPARSE_AS_DENSE, ClusterSpec, MethodCost, Profile
+
+#: the step's allgathers of sparse gradients as Horovod fuses them (:func:`call_time`): one call
+#: of every variable's values and one of their indices, two dtypes
+FUSED_ALLGATHERS = "Horovod's fused allgathers of the sparse gradients"
+FUSED_ALLGATHER_CALLS = 2
 
 # The baselines that run the user's model as Keras builds it, not the runtime's routed model:
 # their compute is their own (``Calibration.baseline_compute_time_s``). TensorFlow's parameter
@@ -135,25 +140,37 @@ class CallTime(NamedTuple):
 NO_CALLS = CallTime(0.0, 0.0, 0, 0.0)
 
 
+def fuses_allgathers(calibration: Calibration) -> bool:
+    """Whether ``calibration`` prices a step's fused allgathers once per fused call (module
+    docstring): a measured calibration whose calls are priced as a chain (ranks sharing cores)."""
+    return calibration.measured and calibration.call_pricing == CALL_PRICING_CHAIN
+
+
 def call_time(cost: MethodCost, calibration: Calibration, ranks: int) -> CallTime:
     """Price the calls of one charged cost (module docstring)."""
     if ranks == 1:
         return NO_CALLS
     time = latency = fused = 0.0
     calls = 0
+    fused_gathers = cost.fused_allgather and fuses_allgathers(calibration)
     for c in cost.collectives:
         if cost.fused_allreduce and c.op == "allreduce":
             fused += c.handed_bytes
             continue
         fit = calibration.fit(c.op, c.participants)
+        calls += c.count
+        if fused_gathers and c.op == "allgather":   # its bytes here, the fused calls' latency once a step
+            time += c.handed_bytes * 8.0 / fit.bandwidth_bps
+            continue
         time += c.time_s(fit)
         latency += c.count * fit.latency_s
-        calls += c.count
     group = None
     if cost.group:
         group = Group(cost.group, sum(c.count * calibration.fit(c.op, c.participants).latency_s for c in cost.grouped),
                       sum(c.count for c in cost.grouped),
                       tuple((f"{c.op}/{c.participants}", c.count) for c in cost.grouped), cost.messages_per_step)
+    elif fused_gathers:
+        group = Group(FUSED_ALLGATHERS, FUSED_ALLGATHER_CALLS * calibration.fit("allgather", "all").latency_s, 0, (), 0)
     return CallTime(time, latency, calls, fused, group)
 
 
