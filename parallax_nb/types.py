@@ -563,9 +563,9 @@ class MethodCost:
     those of every variable of the step whose cost names the same ``group`` (the runtime sends
     them as rows of one table): those calls and their rounds are counted once per step, and
     this cost's own ``collectives`` list them with count 0 and its handed bytes.
-    ``fused_allgather`` marks allgathers of a sparse gradient that leave the backward pass with
-    the step's others, which Horovod fuses into one call per dtype (values, indices):
-    :mod:`parallax_nb.cost.timing` prices those calls.
+    ``fused_allgather`` marks plain Horovod's allgathers of a sparse gradient, which leave the
+    backward pass with the step's others and which Horovod fuses into one call per dtype
+    (values, indices): :mod:`parallax_nb.cost.timing` prices those calls.
     """
 
     bytes_per_step: float

@@ -358,15 +358,12 @@ def test_the_horovod_baselines_are_charged_their_own_calibrated_compute():
 
 
 def test_a_calibration_changes_what_auto_chooses():
-    """The same profile and cluster, local aggregation on (its exchanges are alltoalls across
-    machines): with cheap cross-machine alltoalls the tables go PS, with alltoalls that cost
-    50 ms a call they stay AR, and AUTO says so."""
+    """The same profile and cluster: with cheap cross-machine alltoalls the tables go PS, with
+    alltoalls that cost 50 ms a call they stay AR, and AUTO says so."""
     prof = lm_profile()
     cluster = ClusterSpec.create(2, 2, "1Gbit/s")
-    cheap = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=1e-5),
-                      local_aggregation=True)
-    dear = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=0.05),
-                     local_aggregation=True)
+    cheap = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=1e-5))
+    dear = make_plan(prof, cluster, "auto", calibration=calibration_2x2(alltoall_cross_latency_s=0.05))
     assert cheap.method("softmax_w") is Method.PS and dear.method("softmax_w") is Method.AR
     assert any(line.startswith("softmax_w: AR, ") for line in dear.explanations)
 
@@ -566,3 +563,42 @@ def test_a_calibration_of_one_rank_plans_every_architecture_with_no_communicatio
     assert fits_table(one).splitlines()[0] == "one rank: no collective to time (a plan for one rank has no communication)"
     with pytest.raises(ConfigError, match="no figure for 'allreduce'"):
         one.fit("allreduce")   # a plan for more ranks still gets the error
+
+
+# ----------------------------------------------------------------------------- fused allgathers
+
+
+def _tables(count: int) -> Profile:
+    """A recommender-shaped profile: ``count`` small sparse tables and one dense layer."""
+    tables = tuple(sparse_var(f"table_{i}", rows=1000 * (i + 1), width=32, alpha=0.05) for i in range(count))
+    return Profile(model_name="lm_like", batch_size=64, steps=20, step_time_s=0.002, peak_memory_bytes=0,
+                   variables=(*tables, dense_var("mlp/kernel", (64, 32))))
+
+
+def test_a_chain_calibration_pays_plain_horovods_fused_allgathers_once_a_step():
+    """Horovod fuses plain Horovod's allgathers of a step's sparse gradients into one call of the
+    values and one of the indices. Priced as a chain (ranks sharing cores), those two calls'
+    latency is paid once a step however many tables there are, plus the fused dense
+    allreduce's; priced in stride (a core per rank) and uncalibrated, every listed call pays its
+    own. parallax_nb's AR issues the same allgathers and pays each call in every pricing."""
+    cluster = ClusterSpec.create(2, 2, "1Gbit/s", local_aggregation=False)
+    chain = calibration_2x2(compute_s=0.002)
+    stride = replace(chain, call_pricing="in stride")
+    defaults = Calibration.defaults(2, 2, cluster.bandwidth_bps, cluster.latency_s)
+    for tables in (1, 4):
+        prof = _tables(tables)
+        for cal in (chain, stride, None):
+            ests = compare_architectures(prof, cluster, calibration=cal, include_horovod=True)
+            fits = defaults if cal is None else cal
+            allgather, allreduce = fits.fit("allgather", "all").latency_s, fits.fit("allreduce", "all").latency_s
+            horovod, ar = ests[PLAIN_HOROVOD], ests["ar"]
+            fused = cal is chain
+            assert horovod.latency_time_s == pytest.approx((2 if fused else 2 * tables) * allgather + allreduce,
+                                                           rel=1e-12), (tables, cal)
+            assert ar.latency_time_s == pytest.approx(2 * tables * allgather + allreduce, rel=1e-12), (tables, cal)
+            # every call the program issues is listed, priced fused or not
+            assert horovod.collective_calls_per_step == ar.collective_calls_per_step == 2 * tables + 1
+        # the bytes' time is the same however the latency is paid
+        chained, strode = (compare_architectures(prof, cluster, calibration=c, include_horovod=True)[PLAIN_HOROVOD]
+                           for c in (chain, stride))
+        assert chained.transfer_time_s == pytest.approx(strode.transfer_time_s, rel=1e-12)

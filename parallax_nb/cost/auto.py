@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
 from .kept import Kept
 from .pricing import check_inputs, pricing
-from .timing import (FUSED_ALLGATHERS, calibration_for, duration, fused_seconds_per_byte, link_floor_s,
-                     step_communication)
+from .timing import calibration_for, duration, fused_seconds_per_byte, link_floor_s, step_communication
 
 
 @dataclass(frozen=True)
@@ -151,11 +150,9 @@ def _explain_variables(priced, methods, held: bool) -> list[str]:
         if would.fused_bytes > 0 and not fused_ridden:
             lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
                          f"needs no fused allreduce")
-        elif would.group is not None and would.group.key not in groups_ridden and would.group.latency_s >= -gain:
-            needs = ("issues no fused allgather of sparse gradients" if would.group.key == FUSED_ALLGATHERS else
-                     "needs no gather of the sparse AR variables")
+        elif would.group is not None and would.group.key not in groups_ridden:
             lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
-                         f"{needs}")
+                         f"needs no gather of the sparse AR variables")
         else:
             fewer = (ar_bytes[i] - ps_bytes[i]) if method is Method.PS else (ps_bytes[i] - ar_bytes[i])
             slower = f"{head}{duration(-gain)}/step more than {other.value.upper()} by its calls, "

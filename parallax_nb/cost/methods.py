@@ -120,8 +120,7 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
     _, g = participants(cluster)
     index = allgatherv_link_bytes(ids, n, g, step and step.ar_index_bytes)
     return MethodCost(allgatherv_link_bytes(values, n, g, step and step.ar_values_bytes) + index, index,
-                      _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),),
-                      fused_allgather=True)
+                      _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),))
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:

@@ -27,10 +27,28 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
 * With local aggregation on one machine the AR sparse variables of a step of one row shape
   travel in one gather (:func:`.methods.ar_sparse`): its latency is paid once per step when
   any variable rides it, each variable's bytes at the call's bandwidth.
-* Every other call is charged as the program issues it, parallax_nb's and the baselines'
-  alike, though Horovod fuses some of them into one MPI call (plain Horovod's allgathers of
-  a step's sparse gradients: two ``MPI_Allgatherv`` for the recommender's eight calls). The
-  link bytes follow the fused call's size (:func:`.methods.horovod_sparse`).
+* **Plain Horovod's allgathers of a step's sparse gradients**
+  (:attr:`~parallax_nb.types.MethodCost.fused_allgather`) leave ``DistributedGradientTape``'s
+  backward pass together, and Horovod fuses them into two ``MPI_Allgatherv`` a step, one of
+  every variable's values and one of their indices (the recommender's eight calls in Horovod's
+  timeline). Where a measured calibration prices calls as a chain (ranks sharing cores:
+  :data:`~parallax_nb.calibration.CALL_PRICING_CHAIN`), a call's latency is mostly the wait for
+  the other ranks' turns on the cores and for Horovod's next cycle, which a fused call pays
+  once: the two calls' latency is charged once a step (:data:`FUSED_ALLGATHERS`), each
+  variable's bytes at the call's bandwidth. The recommender's plain Horovod on 4 ranks of 2
+  cores (loop4, 2 x 2 at 1 Gbit/s; 2026-11-30) ran 33-56 % shorter than priced per call and
+  -25 to +32 % from the fused pricing. Where calls are priced in stride (every rank a core
+  of its own), the calibrated latency is what one more call adds to a running chain, and
+  plain Horovod's steps on 2 ranks followed the calls as listed (-20 to +24 % per call, +18 to
+  +86 % fused): there each call is charged as issued. Uncalibrated estimates charge each call.
+* **parallax_nb's AR without local aggregation** issues the same allgathers, but its calls are
+  charged as issued: its ranks reach each call further apart (Horovod's timeline on 2 x 2,
+  2026-11-28: the last rank asked 250-350 us after the first, against 163-176 us for plain
+  Horovod), and priced as fused calls the recommender's AR steps on loop4 ran 30-48 % longer
+  than predicted (33-37 % shorter priced per call), and AUTO, taking it for cheaper than it
+  ran, fell from 12 of 12 to 3 of 7 settings within 5 % of the fastest (2026-11-30).
+* Every other call is charged as the program issues it. The link bytes follow the fused call's
+  size (:func:`.methods.horovod_sparse`).
 * **The link's pace.** Each call's fit was read off calls timed apart, each with the link to
   itself. A step's calls share one machine's link, and on a slow link its bytes cross no
   faster than the link's pace, however few or cheap the calls (a step of many small flows at
