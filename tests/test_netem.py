@@ -185,13 +185,24 @@ HOLDER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("how", ["sigterm", "kill9_then_cleanup"])
+@pytest.mark.parametrize("how", ["sigterm", "signals_while_removing", "kill9_then_cleanup"])
 def test_removed_after_signal(how):
+    """SIGTERM removes the cluster; so does a burst of SIGTERM, Ctrl-C and SIGHUP every 5 ms (a
+    user pressing Ctrl-C again, ``timeout`` and a shell both signalling), the later ones
+    arriving while the first one's removal runs; after kill -9, ``cleanup`` does."""
     holder = subprocess.Popen([sys.executable, "-c", HOLDER], env=ENV, stdout=subprocess.PIPE, text=True)
     try:
         cid = holder.stdout.readline().strip()
         assert cid and leftovers(cid), cid
-        holder.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        if how == "signals_while_removing":
+            burst = [signal.SIGTERM, signal.SIGINT, signal.SIGTERM, signal.SIGHUP] * 100
+            for sig in burst:   # until it has exited: its removal takes tens of ms
+                if holder.poll() is not None:
+                    break
+                holder.send_signal(sig)
+                time.sleep(0.005)
+        else:
+            holder.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
         holder.wait(timeout=20)
         if how == "kill9_then_cleanup":
             assert leftovers(cid), "a killed owner cannot clean up; cleanup must"

@@ -12,7 +12,8 @@ straight under ``ip netns exec`` cannot reach mpirun's PMIx server).
     with EmulatedCluster(machines=2, workers_per_machine=2, bandwidth="1Gbit/s") as cluster:
         subprocess.run(["mpirun", "-np", str(cluster.ranks), *cluster.mpirun_args(), "python", "train.py"])
 
-Everything is removed on exit, on an exception, on Ctrl-C and on SIGTERM/SIGHUP; after a
+Everything is removed on exit, on an exception, on Ctrl-C and on SIGTERM/SIGHUP (more of them
+arriving while it is removed wait until it is done); after a
 ``kill -9``, ``python -m parallax_nb.netem cleanup`` removes the leftovers.
 """
 from __future__ import annotations
@@ -175,10 +176,20 @@ class EmulatedCluster:
         if self._closed:
             return []
         self._closed = True
-        # the record's objects, the work folder (hostfile) included; none before the record
-        removed = links.remove(self._record) if self._record is not None else []
-        self._restore_signal_handlers()
-        atexit.unregister(self.down)
+        held = _hold_signals()   # a second Ctrl-C or SIGTERM may not cut the removal short
+        try:
+            # the record's objects, the work folder (hostfile) included; none before the record
+            removed = links.remove(self._record) if self._record is not None else []
+        finally:
+            pending = _release_signals(held)
+            self._restore_signal_handlers()
+            atexit.unregister(self.down)
+        for sig in pending:   # what arrived while removing, delivered now that nothing is left
+            handler = signal.getsignal(sig)
+            if handler in (signal.SIG_DFL, None):   # exit as the held handler would, unwinding the rest
+                _raise_system_exit(sig, None)
+            if handler is not signal.SIG_IGN:
+                signal.raise_signal(sig)
         return removed
 
     def __enter__(self) -> "EmulatedCluster":
@@ -270,6 +281,34 @@ class EmulatedCluster:
         if self._closed or self._workdir is None:
             raise SetupError("the emulated cluster is not up",
                              hint="use it inside `with EmulatedCluster(...) as cluster:` or call .up() first")
+
+
+#: the signals held while a cluster is removed (:func:`_hold_signals`)
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _hold_signals():
+    """Hold Ctrl-C, SIGTERM and SIGHUP while a cluster is removed (main thread only; None
+    elsewhere): a second one, which a user pressing Ctrl-C twice or ``timeout`` and a shell both
+    sending SIGTERM deliver while the first still unwinds, would otherwise raise in the middle
+    of the removal and leave namespaces behind. Returns (the handlers, the signals that came)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    came: list[int] = []
+    handlers = {sig: signal.getsignal(sig) for sig in _HELD_SIGNALS}
+    for sig in _HELD_SIGNALS:
+        signal.signal(sig, lambda number, frame: came.append(number))
+    return handlers, came
+
+
+def _release_signals(held) -> list[int]:
+    """Put back the handlers :func:`_hold_signals` replaced; the signals that came, once each."""
+    if held is None:
+        return []
+    handlers, came = held
+    for sig, handler in handlers.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    return list(dict.fromkeys(came))
 
 
 def parse_spec(spec: str) -> tuple[int, int, "str | None"]:
