@@ -45,8 +45,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   charged as issued: its ranks reach each call further apart (Horovod's timeline on 2 x 2,
   2026-11-28: the last rank asked 250-350 us after the first, against 163-176 us for plain
   Horovod), and priced as fused calls the recommender's AR steps on loop4 ran 30-48 % longer
-  than predicted (priced per call, the readings before read 28-39 % shorter), and AUTO, taking it for cheaper than it
-  ran, fell from 12 of 12 to 3 of 7 settings within 5 % of the fastest (2026-11-30).
+  than predicted (priced per call, the readings before read 28-39 % shorter), and AUTO,
+  taking it for cheaper than it ran, fell from 12 of 12 to 3 of 7 settings within 5 % of the
+  fastest (2026-11-30).
 * Every other call is charged as the program issues it. The link bytes follow the fused call's
   size (:func:`.methods.horovod_sparse`).
 * **The link's pace.** Each call's fit was read off calls timed apart, each with the link to
