@@ -38,8 +38,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   variable's bytes at the call's bandwidth. The recommender's plain Horovod on 4 ranks of 2
   cores (loop4, 2 x 2 at 1 Gbit/s; 17 readings of 2026-11-30) ran 17-56 % shorter than priced
   per call and -25 to +52 % from the fused pricing (with 2 x 2 at 100 Mbit/s, where the link's
-  pace sets both, median |error| 25.6 % against 12.5 % over 25). Where calls are priced in stride (every rank a core
-  of its own), the calibrated latency is what one more call adds to a running chain, and
+  pace sets both, median |error| 25.6 % against 12.5 % over 25). Where calls are priced in
+  stride (every rank a core of its own), the calibrated latency is what one more call adds to
+  a running chain, and
   plain Horovod's steps on 2 ranks followed the calls as listed (-20 to +24 % per call, +18 to
   +86 % fused): there each call is charged as issued. Uncalibrated estimates charge each call.
 * **parallax_nb's AR without local aggregation** issues the same allgathers, but its calls are
