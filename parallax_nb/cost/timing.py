@@ -40,9 +40,9 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   per call and -25 to +52 % from the fused pricing (with 2 x 2 at 100 Mbit/s, where the link's
   pace sets both, median |error| 25.6 % against 12.5 % over 25). Where calls are priced in
   stride (every rank a core of its own), the calibrated latency is what one more call adds to
-  a running chain, and
-  plain Horovod's steps on 2 ranks followed the calls as listed (-20 to +24 % per call, +18 to
-  +86 % fused): there each call is charged as issued. Uncalibrated estimates charge each call.
+  a running chain, and plain Horovod's steps on 2 ranks followed the calls as listed (-20 to
+  +24 % per call, +18 to +86 % fused): there each call is charged as issued. Uncalibrated
+  estimates charge each call.
 * **parallax_nb's AR without local aggregation** issues the same allgathers, but its calls are
   charged as issued: its ranks reach each call further apart (Horovod's timeline on 2 x 2,
   2026-11-28: the last rank asked 250-350 us after the first, against 163-176 us for plain
