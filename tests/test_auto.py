@@ -587,8 +587,9 @@ def test_a_chain_calibration_pays_plain_horovods_fused_allgathers_once_a_step():
     defaults = Calibration.defaults(2, 2, cluster.bandwidth_bps, cluster.latency_s)
     for tables in (1, 4):
         prof = _tables(tables)
+        priced = {}
         for cal in (chain, stride, None):
-            ests = compare_architectures(prof, cluster, calibration=cal, include_horovod=True)
+            ests = priced[cal] = compare_architectures(prof, cluster, calibration=cal, include_horovod=True)
             fits = defaults if cal is None else cal
             allgather, allreduce = fits.fit("allgather", "all").latency_s, fits.fit("allreduce", "all").latency_s
             horovod, ar = ests[PLAIN_HOROVOD], ests["ar"]
@@ -599,6 +600,5 @@ def test_a_chain_calibration_pays_plain_horovods_fused_allgathers_once_a_step():
             # every call the program issues is listed, priced fused or not
             assert horovod.collective_calls_per_step == ar.collective_calls_per_step == 2 * tables + 1
         # the bytes' time is the same however the latency is paid
-        chained, strode = (compare_architectures(prof, cluster, calibration=c, include_horovod=True)[PLAIN_HOROVOD]
-                           for c in (chain, stride))
+        chained, strode = priced[chain][PLAIN_HOROVOD], priced[stride][PLAIN_HOROVOD]
         assert chained.transfer_time_s == pytest.approx(strode.transfer_time_s, rel=1e-12)
