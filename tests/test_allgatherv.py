@@ -86,11 +86,11 @@ def test_plain_horovods_allgathers_are_priced_at_their_fused_size():
     assert alone.bytes_per_step == 69_632.0
     # the calls stay listed per table, as the program issues them: 8 allgathers and their bytes
     assert all(c.collectives[0].count == 2 and c.collectives[0].handed_bytes == 8_704.0 for c in fused)
-    # parallax_nb's AR without local aggregation allgathers the deduplicated rows, which Horovod
-    # fuses the same way (64 distinct rows here, so the same sizes): measured on the recommender
-    # at 317.3 KB a machine and step against 322.4 predicted so, 244.2 at each table's own size
+    # parallax_nb's AR without local aggregation sends the four tables' deduplicated rows (64
+    # distinct here) with their ids in one allgather of 34 KiB a rank: Bruck's algorithm for
+    # values and ids alike, 2·5·(8,192 + 512) = 87,040 B a table
     flat = cluster.replace(local_aggregation=False)
-    assert [c.cost_of("ar").bytes_per_step for c in variable_costs(profile, flat)] == [86_016.0] * 4
+    assert [c.cost_of("ar").bytes_per_step for c in variable_costs(profile, flat)] == [87_040.0] * 4
     assert variable_cost(tables[0], flat).cost_of("ar").bytes_per_step == 69_632.0
 
 

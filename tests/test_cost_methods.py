@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from parallax_nb.cost import BASELINES, METHOD_COSTS, TF_PS, estimate, step_time_curve, variable_cost
-from parallax_nb.cost.methods import AR_SPARSE_GROUP
+from parallax_nb.cost.methods import AR_SPARSE_GROUP, AR_SPARSE_ROWS
 from parallax_nb.plan import make_plan
 from parallax_nb.types import ASYNC_PS, BASELINE_KEYS, ClusterSpec, Collective, Kind, Method, MethodCost
 from test_cost import BYTE, dense_var, lm_profile, sparse_var
@@ -50,7 +50,7 @@ def test_tf_ps_baseline_is_ps_with_every_worker_on_its_own():
 
 
 def test_each_entry_names_the_collectives_a_step_issues():
-    """Without local aggregation: a fused allreduce, two allgathers (values, indices), three
+    """Without local aggregation: a fused allreduce, one allgather of rows shared by a row shape, three
     alltoalls (ids, rows, row gradients), two alltoalls (push, pull). With G > 1 and local
     aggregation the sparse ones gather inside the machine, then cross among one local index."""
     flat = ClusterSpec(machines=4, workers_per_machine=1)
@@ -58,7 +58,10 @@ def test_each_entry_names_the_collectives_a_step_issues():
     sparse, dense = sparse_var(unions=[1000, 1900]), dense_var()
     assert METHOD_COSTS[(Method.AR, Kind.DENSE)](dense, flat).collectives == (Collective("allreduce", 1),)
     assert METHOD_COSTS[(Method.AR, Kind.DENSE)](dense, flat).fused_allreduce
-    assert METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, flat).collectives == (Collective("allgather", 2),)
+    # flat, the AR sparse variables of a row shape share one allgather of rows with their ids
+    rows = METHOD_COSTS[(Method.AR, Kind.SPARSE)](sparse, flat)
+    assert rows.collectives == (Collective("allgather", 0),) and rows.collectives[0].handed_bytes > 0
+    assert rows.grouped == (Collective("allgather", 1),) and rows.group == f"{AR_SPARSE_ROWS} float32 (64,)"
     assert METHOD_COSTS[(Method.PS, Kind.SPARSE)](sparse, flat).collectives == (Collective("alltoall", 3),)
     assert METHOD_COSTS[(Method.PS, Kind.DENSE)](dense, flat).collectives == (Collective("alltoall", 2),)
     assert METHOD_COSTS[(Method.PS, Kind.SPARSE)](sparse, two_level).collectives == (

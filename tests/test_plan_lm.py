@@ -49,16 +49,17 @@ def test_on_a_slow_network_the_bytes_decide(lm_profile):
 
 
 def test_one_machine_moves_nothing_and_auto_goes_by_calls(lm_profile):
-    """On one machine nothing crosses a link, so AUTO decides by the calls a step issues. With
-    local aggregation the sparse AR variables ride grouped gathers inside the machine, one per
-    row shape (the embedding's and the softmax weights' rows of 16 in one, the biases in
-    another), against 3 alltoalls for the embedding's PS and 3 for the softmax's weights and
-    biases looked up together: every variable on AR, aggregation on.
-    Without it, the embedding stays on AR (2 allgathers against 3 alltoalls) and the softmax's
-    pair takes PS together (one exchange of 3 alltoalls against 4 allgathers)."""
-    plan = make_plan(lm_profile, ClusterSpec(machines=1, workers_per_machine=2), "auto")
-    assert plan.bytes_per_machine_per_step == 0
-    assert plan.ps_variables == () and plan.local_aggregation
-    assert estimate(lm_profile, plan).collective_calls_per_step == 3   # two grouped gathers, the fused allreduce
-    flat = make_plan(lm_profile, ClusterSpec(machines=1, workers_per_machine=2), "auto", local_aggregation=False)
-    assert flat.ps_variables == ("softmax/softmax_w", "softmax/softmax_b")
+    """On one machine nothing crosses a link, so AUTO decides by the calls a step issues. The
+    sparse AR variables ride one call per row shape either way (the embedding's and the softmax
+    weights' rows of 16 in one, the biases in another): with local aggregation a gather inside
+    the machine, without it an allgather of the rows with their ids. Against 3 alltoalls for the
+    embedding's PS and 3 for the softmax's weights and biases looked up together, every variable
+    stays on AR, at 3 calls a step (two grouped calls, the fused allreduce), aggregation on or
+    off."""
+    cluster = ClusterSpec(machines=1, workers_per_machine=2)
+    for aggregated in (None, True, False):
+        plan = make_plan(lm_profile, cluster, "auto", local_aggregation=aggregated)
+        assert plan.bytes_per_machine_per_step == 0
+        assert plan.ps_variables == (), aggregated
+        assert aggregated is None or plan.local_aggregation is aggregated
+        assert estimate(lm_profile, plan).collective_calls_per_step == 3, aggregated

@@ -81,6 +81,8 @@ def two_rank_runs(tmp_path_factory):
     cases.append(resumed)
     for case in cases:   # test_the_loss_and_health_allreduce_does_not_wait_for_the_row_gradients
         case["carried_after"] = (case["workload"], case["architecture"]) == ("lm", "hybrid")
+        # test_ar_allgathers_every_sparse_variable_of_a_row_shape_at_once
+        case["step_ops"] = case["architecture"] == "ar" and case["optimizer"] == "sgd" and "one_machine" not in case
     start = time.perf_counter()
     sweep = _partition_sweep(2, covered={("ps", 3), ("hybrid", 2)})
     compute = dict(compute_against_step=dict(steps=COMPUTE_AGAINST_STEP_STEPS))
@@ -251,6 +253,37 @@ def test_one_machine_gathers_every_sparse_ar_variable_at_once(two_rank_runs):
         cluster = ClusterSpec(machines=1, workers_per_machine=2, local_aggregation=True)
         priced = estimate(profile, make_plan(profile, cluster, "ar")).link.calls
         assert dict(priced)["alltoall/machine"] == groups, (case, priced)
+        checked += 1
+    assert checked == 2
+
+
+def test_ar_allgathers_every_sparse_variable_of_a_row_shape_at_once(two_rank_runs):
+    """Two ranks, AR without local aggregation: the traced step holds one Horovod allgather per
+    values dtype and row shape of the sparse variables, each variable's rows carrying their ids
+    (the LM's embedding and softmax weights, rows of 16, in one; its biases in another; the
+    recommender's four tables in one), and the same count is what the exchange reports and what
+    the cost model prices; the weights equal the single-device run's
+    (test_two_ranks_equal_single_device)."""
+    from parallax_nb.cost import estimate
+    from parallax_nb.plan import make_plan
+    from parallax_nb.profile import profile_job
+    from parallax_nb.types import ClusterSpec
+
+    cases, per_rank = two_rank_runs
+    checked = 0
+    for i, case in enumerate(cases):
+        if not case.get("step_ops"):
+            continue
+        groups = {"lm": 2, "recommender": 1}[case["workload"]]
+        for r in range(len(per_rank)):
+            ops = per_rank[r][i]["horovod_ops"]
+            gathers = [op for op in ops if op.startswith("HorovodAllgather ")]
+            assert len(gathers) == groups and all(" px_ar_rows_float32" in op for op in gathers), (case, ops)
+            assert per_rank[r][i]["collectives"]["ar/sparse"] == [("allgather", groups, "all")], case
+        job = runtime_cases.make_job(case["workload"], case["optimizer"])
+        profile = profile_job(job, steps=2, warmup=1)
+        priced = estimate(profile, make_plan(profile, ClusterSpec(machines=2), "ar")).link.calls
+        assert dict(priced)["allgather/all"] == groups, (case, priced)
         checked += 1
     assert checked == 2
 

@@ -138,6 +138,7 @@ def test_setting_widgets_recomputes_the_model(view, planner, profile, widget_cha
 
 
 def test_local_aggregation_changes_the_sparse_figures(view, planner, profile):
+    view.local_aggregation.value = True
     with_la = planner.table.copy()
     view.local_aggregation.value = False
     without = planner.table

@@ -4,8 +4,8 @@ For each setting of local aggregation it may use (both, unless the caller pins o
 prices every variable under AR and under PS with the calls the runtime issues
 (:mod:`.timing`) and picks per variable. The step time is a sum over variables except for the
 calls that several variables ride: the one fused allreduce of every dense AR variable, and
-with local aggregation on one machine the gather of the sparse AR variables
-(:func:`.methods.ar_sparse`). Their latency is paid once when any variable rides them. So the
+the one call of the sparse AR variables of a row shape (an allgather over all ranks, or with
+local aggregation on one machine a gather inside it: :func:`.methods.ar_sparse`). Their latency is paid once when any variable rides them. So the
 exact minimum is the best of up to four per-variable choices: each variable its faster
 method, paying the shared calls' latency where any variable took AR; or the dense variables,
 the sparse ones, or both kept off their shared calls (PS), paying none. Then:
@@ -129,42 +129,74 @@ def _explain_variables(priced, methods, held: bool) -> list[str]:
             ar[i], ps[i], ar_bytes[i], ps_bytes[i] = sums
     times = {Method.AR: priced.times(Method.AR.value), Method.PS: priced.times(Method.PS.value)}
     chosen = [times[m][i] for i, m in enumerate(methods)]
-    fused_ridden = any(t.fused_bytes > 0 for t in chosen)
-    groups_ridden = {t.group.key for t in chosen if t.group is not None}
+    shared = _SharedCalls(chosen, priced.calibration)
     lines = []
     for i, (cost, method, a, p) in enumerate(zip(priced.costs, methods, ar, ps)):
         other = Method.PS if method is Method.AR else Method.AR
         gain = (p - a) if method is Method.AR else (a - p)
+        # what switching this variable alone would add or spare of the calls variables share
+        would = times[other][i]
+        added = shared.added_by(would)
+        switched = gain + added - shared.spared_by(chosen[i])
         together = ""
         if i in group_of:
             together = f"with {', '.join(names[j] for j in group_of[i] if j != i)} (looked up together), both "
         head = f"{cost.name}: {method.value.upper()}, {together}"
         if gain > 0:
-            lines.append(f"{head}{duration(gain)}/step less than {other.value.upper()}")
+            lines.append(f"{head}{duration(switched)}/step less than {other.value.upper()}")
             continue
-        if gain == 0:
+        if gain == 0 and switched == 0:
             lines.append(f"{head}same time as {other.value.upper()}")
             continue
-        # slower by its own calls: it keeps the step off a call it would share, or its bytes are fewer
-        would = times[other][i]
-        if would.fused_bytes > 0 and not fused_ridden:
+        if switched >= 0 and added > 0:   # slower by its own calls, faster by the call it keeps the step off
+            call = "fused allreduce" if would.fused_bytes > 0 and not shared.fused else "shared call of the sparse AR variables"
             lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
-                         f"needs no fused allreduce")
-        elif would.group is not None and would.group.key not in groups_ridden:
-            lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
-                         f"needs no gather of the sparse AR variables")
+                         f"needs no {call}")
+            continue
+        fewer = (ar_bytes[i] - ps_bytes[i]) if method is Method.PS else (ps_bytes[i] - ar_bytes[i])
+        slower = f"{head}{duration(-gain)}/step more than {other.value.upper()} by its calls, "
+        if fewer > 0:
+            lines.append(f"{slower}but {format_bytes(fewer)}/step fewer across a machine's link, "
+                         f"{duration(link_floor_s(fewer, priced.calibration))} at the pace the calibration read")
+        elif held:
+            lines.append(f"{slower}which the step, held to the link's pace, does not wait for")
         else:
-            fewer = (ar_bytes[i] - ps_bytes[i]) if method is Method.PS else (ps_bytes[i] - ar_bytes[i])
-            slower = f"{head}{duration(-gain)}/step more than {other.value.upper()} by its calls, "
-            if fewer > 0:
-                lines.append(f"{slower}but {format_bytes(fewer)}/step fewer across a machine's link, "
-                             f"{duration(link_floor_s(fewer, priced.calibration))} at the pace the calibration read")
-            elif held:
-                lines.append(f"{slower}which the step, held to the link's pace, does not wait for")
-            else:
-                lines.append(f"{slower}the least of AUTO's candidates, which are not exhaustive where the "
-                             f"link's pace can hold the step")
+            lines.append(f"{slower}the least of AUTO's candidates, which are not exhaustive where the "
+                         f"link's pace can hold the step")
     return lines
+
+
+class _SharedCalls:
+    """The calls several variables ride under a plan (``chosen``: each variable's
+    :class:`.timing.CallTime`): the fused allreduce and the grouped exchanges, and what one
+    variable switching alone would add or spare of their latency."""
+
+    def __init__(self, chosen, calibration):
+        self.fused_riders = sum(1 for t in chosen if t.fused_bytes > 0)
+        self.fused = self.fused_riders > 0
+        self.riders: dict[str, int] = {}
+        for t in chosen:
+            if t.group is not None:
+                self.riders[t.group.key] = self.riders.get(t.group.key, 0) + 1
+        self.calibration = calibration
+
+    def _fused_latency(self) -> float:
+        return self.calibration.fit("allreduce", "all").latency_s
+
+    def added_by(self, would) -> float:
+        """Latency a variable taking ``would`` adds: the shared calls no variable rides yet."""
+        added = self._fused_latency() if would.fused_bytes > 0 and not self.fused else 0.0
+        if would.group is not None and would.group.key not in self.riders:
+            added += would.group.latency_s
+        return added
+
+    def spared_by(self, current) -> float:
+        """Latency the step is spared when the variable of ``current`` leaves it: the shared
+        calls it alone rides."""
+        spared = self._fused_latency() if current.fused_bytes > 0 and self.fused_riders == 1 else 0.0
+        if current.group is not None and self.riders.get(current.group.key) == 1:
+            spared += current.group.latency_s
+        return spared
 
 
 _CHOICES = Kept(2)   # the last two choices, as pricing() keeps its Pricings

@@ -37,6 +37,9 @@ CostFunction = Callable[[VariableProfile, ClusterSpec], MethodCost]
 #: local aggregation on one machine (:func:`ar_sparse`); a cost's ``group`` is this followed by
 #: the dtype and the shape
 AR_SPARSE_GROUP = "AR sparse, local aggregation on one machine"
+#: the one allgather over all ranks that carries every AR sparse variable of one values dtype
+#: and row shape without local aggregation (:func:`ar_sparse`); followed by dtype and shape too
+AR_SPARSE_ROWS = "AR sparse, one allgather of rows"
 
 
 def _shape(var: VariableProfile, cluster: ClusterSpec) -> tuple[int, float, float]:
@@ -82,8 +85,11 @@ def ar_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:
 def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers | None = None) -> MethodCost:
     """Allgatherv of the deduplicated rows: ``2 a m (n-1)`` + indices ``2 * 8 a R (n-1)``.
 
-    Calls (one rank's handed bytes): flat, an allgather of its ``a1 m`` value bytes and one of
-    its ``8 a1 R`` index bytes. Two-level (G > 1): gathers of its values and indices inside the
+    Calls (one rank's handed bytes): flat, the runtime sends every variable of one values dtype
+    and row shape as rows of one table that carry their ids, in one allgather over all ranks
+    (:mod:`parallax_nb.runtime.grouped_rows`): the call is the step's group
+    (:data:`AR_SPARSE_ROWS`), counted once per step, and this variable hands it its
+    ``a1 (m + 8 R)`` bytes. Two-level (G > 1): gathers of its values and indices inside the
     machine (each tiled to the G ranks: ``G a1 m``, ``G 8 a1 R``), across machines its 1/G of
     the machine's union tiled to N peers (``N aG m / G``, ``N 8 aG R / G``), and shares of the
     N machines' unions inside the machine (``N aG m``, ``N 8 aG R``). On one machine (N = 1) the
@@ -94,10 +100,9 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
     its ``G a1 (m + 8 R)`` bytes.
 
     Flat, a machine's link carries what Open MPI's allgatherv algorithm moves across
-    (:func:`.model.allgatherv_link_bytes`), chosen by the size of Horovod's fused call: a step's
-    AR allgathers leave the backward pass together and Horovod fuses them, values with values
-    and indices with indices (``step``, :func:`step_allgathers`: every sparse variable's, taken
-    as if all were on AR), as it fuses plain Horovod's."""
+    (:func:`.model.allgatherv_link_bytes`), chosen by the size of the one call (``step``,
+    :func:`step_allgathers`: every sparse variable's rows and ids, taken as if all were on AR
+    and of one row shape)."""
     n, scale, alpha = _shape(var, cluster)
     rows, size = var.rows, var.size_bytes
     values, ids = alpha * size, INDEX_BYTES * alpha * rows
@@ -116,11 +121,15 @@ def ar_sparse(var: VariableProfile, cluster: ClusterSpec, step: StepAllgathers |
                         N * values, N * ids)
         return MethodCost(bytes_, index, _rounds("allgather", n, cluster),
                           (inside, _calls("alltoall", "cross", N * values / G, N * ids / G)))
-    # flat: Open MPI's allgatherv of the values and of the indices among the n participants
+    # flat: Open MPI's allgatherv of the rows with their ids among the n participants, in the
+    # one call of every AR sparse variable of the values dtype and row shape
     _, g = participants(cluster)
-    index = allgatherv_link_bytes(ids, n, g, step and step.ar_index_bytes)
-    return MethodCost(allgatherv_link_bytes(values, n, g, step and step.ar_values_bytes) + index, index,
-                      _rounds("allgather", n, cluster), (_calls("allgather", "all", values, ids),))
+    call = step and step.ar_values_bytes + step.ar_index_bytes
+    index = allgatherv_link_bytes(ids, n, g, call)
+    return MethodCost(allgatherv_link_bytes(values, n, g, call) + index, index, _rounds("allgather", n, cluster),
+                      (Collective("allgather", 0, "all", values + ids),),
+                      group=f"{AR_SPARSE_ROWS} {var.dtype} {tuple(var.shape[1:])}",
+                      grouped=(Collective("allgather", 1, "all"),))
 
 
 def ps_dense(var: VariableProfile, cluster: ClusterSpec) -> MethodCost:

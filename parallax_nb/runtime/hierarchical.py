@@ -47,6 +47,7 @@ import weakref
 
 import tensorflow as tf
 
+from .grouped_rows import by_variable, one_table, with_ids, without_ids
 from .tensor_ops import deduplicate, tile_rows
 from .topology import Topology
 
@@ -156,42 +157,12 @@ class Hierarchy:
         one gather inside the machine whatever the number of variables: it already holds every
         rank's rows, so nothing is exchanged or shared after it.
 
-        The variables travel as one table: variable k's row i is row ``offset_k + i``, and each
-        row carries its int64 id in its own last elements (:func:`with_ids`), so the call hands
-        one tensor and what arrives needs no parsing."""
-        sizes = [tf.cast(g.dense_shape[0], tf.int64) for g in grads]
-        offsets = tf.concat([[tf.constant(0, tf.int64)], tf.cumsum(tf.stack(sizes))], 0)
-        values = tf.concat([g.values for g in grads], 0)
-        ids = tf.concat([g.indices + offsets[k] for k, g in enumerate(grads)], 0)
-        shape = tf.concat([offsets[-1:], tf.shape(grads[0].values, out_type=tf.int64)[1:]], 0)
-        rows = tf.shape(values)[0]
-        out, _ = self.alltoall(tile_rows(with_ids(values, ids), self.G), self.local_splits(rows),
+        The variables travel as one table whose rows carry their ids (:mod:`.grouped_rows`)."""
+        table = one_table(grads)
+        rows = tf.shape(table.values)[0]
+        out, _ = self.alltoall(tile_rows(with_ids(table.values, table.ids), self.G), self.local_splits(rows),
                                f"px_la_group_local_{tag}")
-        values, ids = without_ids(out, values)
-        union = deduplicate(tf.IndexedSlices(values / self.W, ids, shape))
-        return _by_variable(union.values, union.indices, offsets, grads)
+        values, ids = without_ids(out, table.values)
+        union = deduplicate(tf.IndexedSlices(values / self.W, ids, table.dense_shape))
+        return by_variable(union.values, union.indices, table.offsets, grads)
 
-
-def with_ids(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
-    """Rows of ``values`` (flattened to ``[rows, elements]``) with each row's int64 id appended
-    as the elements of ``values``' dtype that hold its 8 bytes: one tensor for one call."""
-    flat = tf.reshape(values, [tf.shape(values)[0], -1])
-    bits = tf.reshape(tf.bitcast(ids, values.dtype), [tf.shape(ids)[0], -1])
-    return tf.concat([flat, bits], 1)
-
-
-def without_ids(packed: tf.Tensor, like: tf.Tensor) -> tuple:
-    """:func:`with_ids` reversed: (values shaped as ``like``'s rows, int64 ids)."""
-    id_elements = 8 // like.dtype.size
-    values = tf.reshape(packed[:, :-id_elements], tf.concat([[-1], tf.shape(like)[1:]], 0))
-    bits = packed[:, -id_elements:]
-    ids = tf.bitcast(bits if id_elements > 1 else bits[:, 0], tf.int64)
-    return values, ids
-
-
-def _by_variable(values: tf.Tensor, ids: tf.Tensor, offsets: tf.Tensor, grads: list) -> list[tf.IndexedSlices]:
-    """The one table's rows back as each variable's ``IndexedSlices`` (ids less its offset)."""
-    owner = tf.cast(tf.searchsorted(offsets[1:], ids, side="right"), tf.int32)
-    parts = tf.dynamic_partition(values, owner, len(grads))
-    id_parts = tf.dynamic_partition(ids, owner, len(grads))
-    return [tf.IndexedSlices(parts[j], id_parts[j] - offsets[j], g.dense_shape) for j, g in enumerate(grads)]

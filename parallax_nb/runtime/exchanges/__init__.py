@@ -5,7 +5,7 @@ the ranks inside the train step (DESIGN.md §5, §9). The cost side's table
 | (method, kind) | exchange | collectives per step (no local aggregation) |
 |---|---|---|
 | AR, dense | :class:`DenseAllreduce` | 1 allreduce per dense AR variable, fused by Horovod (charged as 1) |
-| AR, sparse | :class:`SparseAllgather` | 2 allgathers per variable (values, indices) |
+| AR, sparse | :class:`SparseAllgather` | 1 allgather per values dtype and row shape (rows with their ids) |
 | PS, dense | :class:`DensePS` | 2 alltoalls per variable (push, pull) |
 | PS, sparse | :class:`SparsePS` | 3 alltoalls per lookup (ids, rows, row gradients); variables looked up together at the same ids share them |
 | ASYNC_PS, dense | :class:`AsyncDensePS` | none: a pull and a push per variable, point to point |

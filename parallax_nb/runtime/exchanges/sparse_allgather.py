@@ -1,14 +1,18 @@
-"""AR, sparse (``IndexedSlices``): duplicates summed first (unique rows), then what Horovod's
-allreduce of ``IndexedSlices`` does (an allgather of values and one of indices, values divided
-by W), written out so that the collectives carry explicit names.
+"""AR, sparse (``IndexedSlices``): duplicates summed first (unique rows), then every rank's rows
+gathered, summed per row and divided by W.
 
-With local aggregation, the two-level allgather of :meth:`..hierarchical.Hierarchy.allgather_sparse`;
-on one machine one gather for every variable of one values dtype and row shape
+Without local aggregation, every variable of one values dtype and row shape rides one
+allgather over all W ranks a step, as rows of one table that carry their int64 ids
+(:mod:`..grouped_rows`): one call where Horovod's allreduce of ``IndexedSlices`` issues two per
+variable (values, indices), which its background loop fuses only when every rank has handed
+them in the same cycle. With local aggregation, the two-level allgather of
+:meth:`..hierarchical.Hierarchy.allgather_sparse` per variable; on one machine one gather for
+every variable of one values dtype and row shape
 (:meth:`..hierarchical.Hierarchy.gather_sparse_group`).
 
-Bytes: the handed values and indices of this rank (``o``, read from the tensors) and of
-everyone (``t``, the gathered tensors): an allgather sends ``(W - 1) o`` and receives
-``t - o``, scaled by the share of peers on other machines.
+Bytes: the handed rows of this rank (``o``: values and 8-byte ids, read from the tensors) and
+of everyone (``t``): an allgather sends ``(W - 1) o`` and receives ``t - o``, scaled by the
+share of peers on other machines; a variable of a shared call is charged its own rows.
 """
 from __future__ import annotations
 
@@ -18,13 +22,14 @@ import tensorflow as tf
 
 from ...types import Collective, Kind, Method
 from ..accounting import allgather_bytes
+from ..grouped_rows import by_variable, one_table, owners, with_ids, without_ids
 from ..tensor_ops import deduplicate, op_tag
-from .base import Exchange, handed_bytes
+from .base import Exchange
 
 
 def group_of(variable) -> tuple[str, tuple[int, ...]]:
-    """The gather a variable's rows travel in with local aggregation on one machine: its values
-    dtype and row shape (as the cost side's ``MethodCost.group``)."""
+    """The call a variable's rows share with others' (flat, or with local aggregation on one
+    machine): its values dtype and row shape (as the cost side's ``MethodCost.group``)."""
     return tf.as_dtype(variable.dtype).name, tuple(int(d) for d in variable.shape[1:])
 
 
@@ -34,62 +39,81 @@ class SparseAllgather(Exchange):
     def gradients(self, items, carried=None):
         present = [(sync, grads[0]) for sync, grads in items if grads[0] is not None]
         h = self.wire.hierarchy
-        if h is not None and h.N == 1 and self.wire.ranks > 1:
-            return self._one_machine(present), None
-        return [(self._allgather(sync, grad), sync.variable) for sync, grad in present], None
+        if self.wire.ranks == 1:
+            return [(_rows(grad), sync.variable) for sync, grad in present], None
+        if h is None:
+            return self._grouped(present, self._allgather_group), None
+        if h.N == 1:
+            return self._grouped(present, self._machine_group), None
+        return [(self._two_level(sync, grad), sync.variable) for sync, grad in present], None
 
-    def _one_machine(self, present: list[tuple]) -> list[tuple]:
-        """Local aggregation on one machine: every variable of one values dtype and row shape
-        in one gather (:meth:`..hierarchical.Hierarchy.gather_sparse_group`); nothing crosses
-        machines, so the ledger counts nothing."""
+    def _grouped(self, present: list[tuple], exchange) -> list[tuple]:
+        """Every variable of one values dtype and row shape (:func:`group_of`) in one call of
+        ``exchange`` (``(syncs, grads, tag) -> summed grads``)."""
         groups: dict = {}
         for sync, grad in present:
-            grad = deduplicate(grad)
-            grad = tf.IndexedSlices(grad.values, tf.cast(grad.indices, tf.int64), grad.dense_shape)  # 8-byte ids
-            groups.setdefault(group_of(sync.variable), []).append((sync, grad))
+            groups.setdefault(group_of(sync.variable), []).append((sync, _rows(grad)))
         summed = {}
         for key, group in groups.items():
             tag = key[0] + "".join(f"_{d}" for d in key[1])
-            for (sync, _), grad in zip(group, self.wire.hierarchy.gather_sparse_group([g for _, g in group], tag)):
+            syncs = [sync for sync, _ in group]
+            for sync, grad in zip(syncs, exchange(syncs, [g for _, g in group], tag)):
                 summed[sync.name] = grad
         return [(summed[sync.name], sync.variable) for sync, _ in present]
 
-    def _allgather(self, sync, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    def _allgather_group(self, syncs: list, grads: list[tf.IndexedSlices], tag: str) -> list[tf.IndexedSlices]:
+        """One allgather over all W ranks of ``grads`` as one table's rows with their ids."""
         wire = self.wire
-        hvd, W = wire.hvd, wire.ranks
-        grad = deduplicate(grad)
-        grad = tf.IndexedSlices(grad.values, tf.cast(grad.indices, tf.int64), grad.dense_shape)  # 8-byte ids, as priced
-        if W == 1:
-            return grad
-        tag = op_tag(sync.name)
-        if wire.hierarchy is not None:
-            row_bytes = int(math.prod(sync.variable.shape[1:])) * grad.values.dtype.size + grad.indices.dtype.size
-            summed, sent, received = wire.hierarchy.allgather_sparse(grad, row_bytes, tag)
-            wire.ledger.add(sync.name, sent, received)
-            return summed
-        values = hvd.allgather(grad.values, name=f"px_ar_values_{tag}", ignore_name_scope=True)
-        indices = hvd.allgather(grad.indices, name=f"px_ar_indices_{tag}", ignore_name_scope=True)
-        own = handed_bytes(grad.values) + handed_bytes(grad.indices)
-        total = handed_bytes(values) + handed_bytes(indices)
-        sent, received = allgather_bytes(own, total, W)
-        wire.ledger.add(sync.name, sent * wire.remote_share, received * wire.remote_share)
-        return deduplicate(tf.IndexedSlices(values / W, indices, grad.dense_shape))
+        W = wire.ranks
+        table = one_table(grads)
+        packed = with_ids(table.values, table.ids)
+        gathered = wire.hvd.allgather(packed, name=f"px_ar_rows_{tag}", ignore_name_scope=True)
+        values, ids = without_ids(gathered, table.values)
+        row_bytes = tf.cast(tf.shape(packed)[1], tf.float64) * packed.dtype.size
+        everyone = tf.math.bincount(owners(ids, table.offsets), minlength=len(grads), maxlength=len(grads),
+                                    dtype=tf.int64)
+        for k, (sync, grad) in enumerate(zip(syncs, grads)):
+            own = tf.cast(tf.shape(grad.indices)[0], tf.float64) * row_bytes
+            sent, received = allgather_bytes(own, tf.cast(everyone[k], tf.float64) * row_bytes, W)
+            wire.ledger.add(sync.name, sent * wire.remote_share, received * wire.remote_share)
+        union = deduplicate(tf.IndexedSlices(values / W, ids, table.dense_shape))
+        return by_variable(union.values, union.indices, table.offsets, grads)
+
+    def _machine_group(self, syncs: list, grads: list[tf.IndexedSlices], tag: str) -> list[tf.IndexedSlices]:
+        """Local aggregation on one machine: one gather inside it
+        (:meth:`..hierarchical.Hierarchy.gather_sparse_group`); nothing crosses machines, so
+        the ledger counts nothing."""
+        return self.wire.hierarchy.gather_sparse_group(grads, tag)
+
+    def _two_level(self, sync, grad: tf.IndexedSlices) -> tf.IndexedSlices:
+        """Local aggregation across machines: the variable's own two-level allgather."""
+        grad = _rows(grad)
+        row_bytes = int(math.prod(sync.variable.shape[1:])) * grad.values.dtype.size + grad.indices.dtype.size
+        summed, sent, received = self.wire.hierarchy.allgather_sparse(grad, row_bytes, op_tag(sync.name))
+        self.wire.ledger.add(sync.name, sent, received)
+        return summed
 
     def collectives(self) -> list[Collective]:
-        """Per variable: two allgathers (values, indices); with local aggregation two gathers in
-        the machine, two exchanges across machines and two shares in the machine; on one
-        machine one gather per values dtype and row shape of the served variables
-        (:func:`group_of`), whatever their number."""
+        """Flat, one allgather per values dtype and row shape of the served variables
+        (:func:`group_of`), whatever their number; with local aggregation, per variable two
+        gathers in the machine, two exchanges across machines and two shares in the machine,
+        and on one machine one gather per values dtype and row shape."""
         n = len(self.served)
         if not n:
             return []
         h = self.wire.hierarchy
+        groups = len({group_of(s.variable) for s in self.syncs if s.name in self.served}) or 1
         if h is None:
-            return [Collective("allgather", 2 * n)]
+            return [Collective("allgather", groups)]
         if h.N == 1:
-            groups = len({group_of(s.variable) for s in self.syncs if s.name in self.served}) or 1
             return [Collective("alltoall", groups, "machine")] if h.G > 1 else []
         out = [Collective("alltoall", 2 * n, "cross")]
         if h.G > 1:
             out = [Collective("alltoall", 4 * n, "machine")] + out
         return out
+
+
+def _rows(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """``grad`` with its duplicate rows summed and int64 ids (8 bytes an id, as priced)."""
+    grad = deduplicate(grad)
+    return tf.IndexedSlices(grad.values, tf.cast(grad.indices, tf.int64), grad.dense_shape)
