@@ -5,10 +5,12 @@ prices every variable under AR and under PS with the calls the runtime issues
 (:mod:`.timing`) and picks per variable. The step time is a sum over variables except for the
 calls that several variables ride: the one fused allreduce of every dense AR variable, and
 the one call of the sparse AR variables of a row shape (an allgather over all ranks, or with
-local aggregation on one machine a gather inside it: :func:`.methods.ar_sparse`). Their latency is paid once when any variable rides them. So the
-exact minimum is the best of up to four per-variable choices: each variable its faster
-method, paying the shared calls' latency where any variable took AR; or the dense variables,
-the sparse ones, or both kept off their shared calls (PS), paying none. Then:
+local aggregation on one machine a gather inside it: :func:`.methods.ar_sparse`). Their
+latency is paid once when any variable rides them. So the exact minimum is the best of the
+per-variable choices with each combination of the shared calls kept off: each variable its
+faster method, paying a shared call's latency where any variable rides it, except the
+variables of the calls kept off, on PS (up to :data:`EXACT_SHARED_CALLS` shared calls; beyond,
+the dense, the sparse or both kept off together). Then:
 
 * variables looked up together (the sampled softmax's weights and biases: one exchange under
   PS, :func:`.methods.ps_sparse`) take one method, the one faster for them together;
@@ -29,6 +31,7 @@ less than AR"``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from ..types import Architecture, ClusterSpec, Kind, Method, Profile, format_bytes
@@ -70,13 +73,26 @@ def _lesser(priced, ar: list[float], ps: list[float]) -> list[Method]:
     return methods
 
 
+#: up to this many calls shared by several variables (the fused allreduce, the sparse AR
+#: variables' call of each row shape), AUTO tries every combination of them kept off (2^n plans);
+#: beyond it, the dense, the sparse or both kept off together
+EXACT_SHARED_CALLS = 4
+FUSED_ALLREDUCE = "fused allreduce"
+
+
 def _best_methods(priced) -> list[Method]:
     free = _lesser(priced, *_variable_times(priced))
-    grouped = [t.group is not None for t in priced.times(Method.AR.value)]
-    off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
-    off_grouped = [Method.PS if g else m for g, m in zip(grouped, free)]
-    off_both = [Method.PS if g else m for g, m in zip(grouped, off_fused)]
-    candidates = [free] + [m for m in (off_fused, off_grouped, off_both) if m != free]
+    shared = _shared_call_of(priced)
+    keys = sorted({k for k in shared if k is not None})
+    if len(keys) <= EXACT_SHARED_CALLS:
+        kept_off = [set(c) for n in range(1, len(keys) + 1) for c in itertools.combinations(keys, n)]
+    else:
+        kept_off = [{FUSED_ALLREDUCE}, set(keys) - {FUSED_ALLREDUCE}, set(keys)]
+    candidates = [free]
+    for off in kept_off:
+        methods = _kept_off(priced, free, shared, off)
+        if methods not in candidates:
+            candidates.append(methods)
     if priced.calibration.link_bytes_per_s and priced.cluster.machines > 1:
         # where the link's pace can hold the step, the plan that moves the least may be the fastest
         least_bytes = _lesser(priced, priced.bytes_per_step(Method.AR.value), priced.bytes_per_step(Method.PS.value))
@@ -85,6 +101,24 @@ def _best_methods(priced) -> list[Method]:
     if len(candidates) == 1:
         return free
     return min(candidates, key=lambda methods: _comm(priced, methods))
+
+
+def _shared_call_of(priced) -> list[str | None]:
+    """Per variable (profile order), the call it would share with others on AR: the fused
+    allreduce, its row shape's grouped call (the group's key), or None."""
+    return [FUSED_ALLREDUCE if t.fused_bytes > 0 else t.group.key if t.group is not None else None
+            for t in priced.times(Method.AR.value)]
+
+
+def _kept_off(priced, methods: list[Method], shared: list, off: set) -> list[Method]:
+    """``methods`` with every variable of the shared calls ``off`` on PS, and the variables
+    looked up together with one of them (one method for a lookup made together)."""
+    forced = {i for i, key in enumerate(shared) if key in off}
+    for first, others in priced.lookup_groups.items():
+        group = [first, *others]
+        if forced.intersection(group):
+            forced.update(group)
+    return [Method.PS if i in forced else m for i, m in enumerate(methods)]
 
 
 def _comm_parts(priced, methods) -> tuple[float, float]:
@@ -142,14 +176,20 @@ def _explain_variables(priced, methods, held: bool) -> list[str]:
         if i in group_of:
             together = f"with {', '.join(names[j] for j in group_of[i] if j != i)} (looked up together), both "
         head = f"{cost.name}: {method.value.upper()}, {together}"
-        if gain > 0:
+        if gain > 0 and switched > 0:
             lines.append(f"{head}{duration(switched)}/step less than {other.value.upper()}")
+            continue
+        if gain > 0:   # its own calls are faster, but alone on a shared call it costs the step that call
+            lines.append(f"{head}{duration(gain)}/step less than {other.value.upper()} by its calls, but the "
+                         f"step would take {duration(-switched)} less with it on {other.value.upper()} alone: "
+                         f"AUTO's candidates move the variables of a shared call together")
             continue
         if gain == 0 and switched == 0:
             lines.append(f"{head}same time as {other.value.upper()}")
             continue
         if switched >= 0 and added > 0:   # slower by its own calls, faster by the call it keeps the step off
-            call = "fused allreduce" if would.fused_bytes > 0 and not shared.fused else "shared call of the sparse AR variables"
+            fused = would.fused_bytes > 0 and not shared.fused
+            call = "fused allreduce" if fused else "shared call of the sparse AR variables"
             lines.append(f"{head}{duration(-gain)}/step more than {other.value.upper()} alone, but the step then "
                          f"needs no {call}")
             continue
