@@ -6,11 +6,11 @@ prices every variable under AR and under PS with the calls the runtime issues
 calls that several variables ride: the one fused allreduce of every dense AR variable, and
 the one call of the sparse AR variables of a row shape (an allgather over all ranks, or with
 local aggregation on one machine a gather inside it: :func:`.methods.ar_sparse`). Their
-latency is paid once when any variable rides them. So the exact minimum is the best of the
-per-variable choices with each combination of the shared calls kept off: each variable its
-faster method, paying a shared call's latency where any variable rides it, except the
-variables of the calls kept off, on PS (up to :data:`EXACT_SHARED_CALLS` shared calls; beyond,
-the dense, the sparse or both kept off together). Then:
+latency is paid once when any variable rides them. So the exact minimum keeps each shared call off (its variables on PS,
+paying none of its latency) or not (each of its variables its faster method, paying the
+latency once if any took AR), whichever its variables cost the step less; a variable rides
+at most one shared call, so each is decided on its own, except calls whose variables are
+looked up together, decided together (:func:`_least_by_shared_call`). Then:
 
 * variables looked up together (the sampled softmax's weights and biases: one exchange under
   PS, :func:`.methods.ps_sparse`) take one method, the one faster for them together;
@@ -73,24 +73,18 @@ def _lesser(priced, ar: list[float], ps: list[float]) -> list[Method]:
     return methods
 
 
-#: up to this many calls shared by several variables (the fused allreduce, the sparse AR
-#: variables' call of each row shape), AUTO tries every combination of them kept off (2^n plans);
-#: beyond it, the dense, the sparse or both kept off together
-EXACT_SHARED_CALLS = 4
 FUSED_ALLREDUCE = "fused allreduce"
 
 
 def _best_methods(priced) -> list[Method]:
-    free = _lesser(priced, *_variable_times(priced))
+    ar, ps = _variable_times(priced)
+    free = _lesser(priced, ar, ps)
     shared = _shared_call_of(priced)
-    keys = sorted({k for k in shared if k is not None})
-    if len(keys) <= EXACT_SHARED_CALLS:
-        kept_off = [set(c) for n in range(1, len(keys) + 1) for c in itertools.combinations(keys, n)]
-    else:
-        kept_off = [{FUSED_ALLREDUCE}, set(keys) - {FUSED_ALLREDUCE}, set(keys)]
+    off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
+    off_grouped = [Method.PS if key not in (None, FUSED_ALLREDUCE) else m for key, m in zip(shared, free)]
+    off_both = [Method.PS if key not in (None, FUSED_ALLREDUCE) else m for key, m in zip(shared, off_fused)]
     candidates = [free]
-    for off in kept_off:
-        methods = _kept_off(priced, free, shared, off)
+    for methods in (_least_by_shared_call(priced, ar, ps, free, shared), off_fused, off_grouped, off_both):
         if methods not in candidates:
             candidates.append(methods)
     if priced.calibration.link_bytes_per_s and priced.cluster.machines > 1:
@@ -103,22 +97,56 @@ def _best_methods(priced) -> list[Method]:
     return min(candidates, key=lambda methods: _comm(priced, methods))
 
 
+def _least_by_shared_call(priced, ar: list[float], ps: list[float], free: list[Method], shared: list) -> list[Method]:
+    """The least plan under the calls' sum (no link floor): a variable rides at most one shared
+    call, so each call is kept off (its variables on PS) or not on its own, except where
+    variables looked up together ride different calls: those calls are decided together, every
+    combination of them tried (a handful at most)."""
+    latency = {}
+    for t in priced.times(Method.AR.value):
+        if t.group is not None:
+            latency[t.group.key] = t.group.latency_s
+    if FUSED_ALLREDUCE in shared:
+        latency[FUSED_ALLREDUCE] = priced.calibration.fit("allreduce", "all").latency_s
+    # the calls linked by lookups made together, and each lookup's variables
+    linked = {key: {key} for key in latency}
+    partners: dict[int, list[int]] = {}
+    for first, others in priced.lookup_groups.items():
+        group = [first, *others]
+        keys = {shared[i] for i in group if shared[i] is not None}
+        merged = set().union(*(linked[k] for k in keys)) if keys else set()
+        for k in merged:
+            linked[k] = merged
+        for i in group:
+            partners[i] = group
+    members: dict[str, list[int]] = {}
+    for i, key in enumerate(shared):
+        if key is not None:
+            members.setdefault(key, []).append(i)
+    methods = list(free)
+    for component in {frozenset(keys) for keys in linked.values()}:
+        keys = sorted(component)
+        touched = sorted({j for k in keys for i in members.get(k, []) for j in partners.get(i, [i])})
+
+        def cost(off: set, keys=keys, touched=touched) -> tuple[float, list]:
+            forced = {j for k in off for i in members.get(k, []) for j in partners.get(i, [i])}
+            chosen = [Method.PS if j in forced else free[j] for j in touched]
+            total = sum(ps[j] if m is Method.PS else ar[j] for j, m in zip(touched, chosen))
+            ridden = {shared[j] for j, m in zip(touched, chosen) if m is Method.AR and shared[j] is not None}
+            return total + sum(latency[k] for k in ridden), chosen
+
+        best = min((cost(set(off)) for n in range(len(keys) + 1) for off in itertools.combinations(keys, n)),
+                   key=lambda c: c[0])
+        for j, m in zip(touched, best[1]):
+            methods[j] = m
+    return methods
+
+
 def _shared_call_of(priced) -> list[str | None]:
     """Per variable (profile order), the call it would share with others on AR: the fused
     allreduce, its row shape's grouped call (the group's key), or None."""
     return [FUSED_ALLREDUCE if t.fused_bytes > 0 else t.group.key if t.group is not None else None
             for t in priced.times(Method.AR.value)]
-
-
-def _kept_off(priced, methods: list[Method], shared: list, off: set) -> list[Method]:
-    """``methods`` with every variable of the shared calls ``off`` on PS, and the variables
-    looked up together with one of them (one method for a lookup made together)."""
-    forced = {i for i, key in enumerate(shared) if key in off}
-    for first, others in priced.lookup_groups.items():
-        group = [first, *others]
-        if forced.intersection(group):
-            forced.update(group)
-    return [Method.PS if i in forced else m for i, m in enumerate(methods)]
 
 
 def _comm_parts(priced, methods) -> tuple[float, float]:
