@@ -232,9 +232,6 @@ def test_one_machine_gathers_every_sparse_ar_variable_at_once(two_rank_runs):
     and softmax weights, rows of 16, in one; its biases in another; the recommender's four
     tables of 32 in one), as the cost model counts them, moves no byte across machines, and
     trains to the single-device weights (test_two_ranks_equal_single_device compares them)."""
-    from parallax_nb.cost import estimate
-    from parallax_nb.plan import make_plan
-    from parallax_nb.profile import profile_job
     from parallax_nb.types import ClusterSpec
 
     cases, per_rank = two_rank_runs
@@ -248,11 +245,8 @@ def test_one_machine_gathers_every_sparse_ar_variable_at_once(two_rank_runs):
             assert per_rank[r][i]["collectives"]["ar/sparse"] == [("alltoall", groups, "machine")], case
             # one machine: no byte crosses a machine's link, as the ledger and the model count them
             assert all(_measured(per_rank[r][i], name) == 0 for name in per_rank[r][i]["variables"]), case
-        job = runtime_cases.make_job(case["workload"], case["optimizer"])
-        profile = profile_job(job, steps=2, warmup=1)
-        cluster = ClusterSpec(machines=1, workers_per_machine=2, local_aggregation=True)
-        priced = estimate(profile, make_plan(profile, cluster, "ar")).link.calls
-        assert dict(priced)["alltoall/machine"] == groups, (case, priced)
+        priced = _ar_calls_priced(case, ClusterSpec(machines=1, workers_per_machine=2, local_aggregation=True))
+        assert priced["alltoall/machine"] == groups, (case, priced)
         checked += 1
     assert checked == 2
 
@@ -264,9 +258,6 @@ def test_ar_allgathers_every_sparse_variable_of_a_row_shape_at_once(two_rank_run
     recommender's four tables in one), and the same count is what the exchange reports and what
     the cost model prices; the weights equal the single-device run's
     (test_two_ranks_equal_single_device)."""
-    from parallax_nb.cost import estimate
-    from parallax_nb.plan import make_plan
-    from parallax_nb.profile import profile_job
     from parallax_nb.types import ClusterSpec
 
     cases, per_rank = two_rank_runs
@@ -280,12 +271,21 @@ def test_ar_allgathers_every_sparse_variable_of_a_row_shape_at_once(two_rank_run
             gathers = [op for op in ops if op.startswith("HorovodAllgather ")]
             assert len(gathers) == groups and all(" px_ar_rows_float32" in op for op in gathers), (case, ops)
             assert per_rank[r][i]["collectives"]["ar/sparse"] == [("allgather", groups, "all")], case
-        job = runtime_cases.make_job(case["workload"], case["optimizer"])
-        profile = profile_job(job, steps=2, warmup=1)
-        priced = estimate(profile, make_plan(profile, ClusterSpec(machines=2), "ar")).link.calls
-        assert dict(priced)["allgather/all"] == groups, (case, priced)
+        priced = _ar_calls_priced(case, ClusterSpec(machines=2))
+        assert priced["allgather/all"] == groups, (case, priced)
         checked += 1
     assert checked == 2
+
+
+def _ar_calls_priced(case: dict, cluster) -> dict:
+    """``{"op/scope": calls per step}`` the cost model prices for ``case``'s job under AR on
+    ``cluster`` (profiled here, 2 steps)."""
+    from parallax_nb.cost import estimate
+    from parallax_nb.plan import make_plan
+    from parallax_nb.profile import profile_job
+
+    profile = profile_job(runtime_cases.make_job(case["workload"], case["optimizer"]), steps=2, warmup=1)
+    return dict(estimate(profile, make_plan(profile, cluster, "ar")).link.calls)
 
 
 def test_every_rank_is_placed_before_its_model_is_built(two_rank_runs):

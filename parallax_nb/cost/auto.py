@@ -80,18 +80,16 @@ def _best_methods(priced) -> list[Method]:
     ar, ps = _variable_times(priced)
     free = _lesser(priced, ar, ps)
     shared = _shared_call_of(priced)
-    off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
-    off_grouped = [Method.PS if key not in (None, FUSED_ALLREDUCE) else m for key, m in zip(shared, free)]
-    off_both = [Method.PS if key not in (None, FUSED_ALLREDUCE) else m for key, m in zip(shared, off_fused)]
-    candidates = [free]
-    for methods in (_least_by_shared_call(priced, ar, ps, free, shared), off_fused, off_grouped, off_both):
-        if methods not in candidates:
-            candidates.append(methods)
+    candidates = [free, _least_by_shared_call(priced, ar, ps, free, shared)]   # exact under the calls' sum
     if priced.calibration.link_bytes_per_s and priced.cluster.machines > 1:
-        # where the link's pace can hold the step, the plan that moves the least may be the fastest
+        # where the link's pace can hold the step the calls' least is not exact: the dense, the
+        # sparse or both kept off their shared calls, and the plan that moves the least, may be faster
+        off_fused = [Method.PS if c.kind is Kind.DENSE else m for c, m in zip(priced.costs, free)]
+        off_grouped = [Method.PS if key not in (None, FUSED_ALLREDUCE) else m for key, m in zip(shared, free)]
+        off_both = [Method.PS if key not in (None, FUSED_ALLREDUCE) else m for key, m in zip(shared, off_fused)]
         least_bytes = _lesser(priced, priced.bytes_per_step(Method.AR.value), priced.bytes_per_step(Method.PS.value))
-        if least_bytes not in candidates:
-            candidates.append(least_bytes)
+        candidates += [off_fused, off_grouped, off_both, least_bytes]
+    candidates = [m for i, m in enumerate(candidates) if m not in candidates[:i]]
     if len(candidates) == 1:
         return free
     return min(candidates, key=lambda methods: _comm(priced, methods))
@@ -128,7 +126,7 @@ def _least_by_shared_call(priced, ar: list[float], ps: list[float], free: list[M
         keys = sorted(component)
         touched = sorted({j for k in keys for i in members.get(k, []) for j in partners.get(i, [i])})
 
-        def cost(off: set, keys=keys, touched=touched) -> tuple[float, list]:
+        def cost(off: set, touched=touched) -> tuple[float, list]:
             forced = {j for k in off for i in members.get(k, []) for j in partners.get(i, [i])}
             chosen = [Method.PS if j in forced else free[j] for j in touched]
             total = sum(ps[j] if m is Method.PS else ar[j] for j, m in zip(touched, chosen))

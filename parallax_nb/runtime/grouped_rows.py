@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from .tensor_ops import deduplicate
+
 
 class OneTable(NamedTuple):
     """``grads`` as one table: their rows one after another, each row's id in the table
@@ -65,3 +67,14 @@ def by_variable(values: tf.Tensor, ids: tf.Tensor, offsets: tf.Tensor, grads: li
     parts = tf.dynamic_partition(values, owner, len(grads))
     id_parts = tf.dynamic_partition(ids, owner, len(grads))
     return [tf.IndexedSlices(parts[j], id_parts[j] - offsets[j], g.dense_shape) for j, g in enumerate(grads)]
+
+
+def gather_summed(grads: list[tf.IndexedSlices], ranks: int, gather) -> tuple[list[tf.IndexedSlices], tf.Tensor, OneTable]:
+    """``grads`` (one values dtype and row shape, int64 ids) as one table's rows with their ids,
+    handed to ``gather`` (this rank's packed rows -> every rank's, concatenated), summed per row
+    and divided by ``ranks``, back as each variable's ``IndexedSlices``; with the ids gathered
+    (duplicates across ranks kept) and the table, for the caller's byte count."""
+    table = one_table(grads)
+    values, ids = without_ids(gather(with_ids(table.values, table.ids)), table.values)
+    union = deduplicate(tf.IndexedSlices(values / ranks, ids, table.dense_shape))
+    return by_variable(union.values, union.indices, table.offsets, grads), ids, table

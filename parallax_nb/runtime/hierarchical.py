@@ -47,7 +47,7 @@ import weakref
 
 import tensorflow as tf
 
-from .grouped_rows import by_variable, one_table, with_ids, without_ids
+from .grouped_rows import gather_summed
 from .tensor_ops import deduplicate, tile_rows
 from .topology import Topology
 
@@ -158,11 +158,9 @@ class Hierarchy:
         rank's rows, so nothing is exchanged or shared after it.
 
         The variables travel as one table whose rows carry their ids (:mod:`.grouped_rows`)."""
-        table = one_table(grads)
-        rows = tf.shape(table.values)[0]
-        out, _ = self.alltoall(tile_rows(with_ids(table.values, table.ids), self.G), self.local_splits(rows),
-                               f"px_la_group_local_{tag}")
-        values, ids = without_ids(out, table.values)
-        union = deduplicate(tf.IndexedSlices(values / self.W, ids, table.dense_shape))
-        return by_variable(union.values, union.indices, table.offsets, grads)
+        def gather(packed):
+            rows = tf.shape(packed)[0]
+            return self.alltoall(tile_rows(packed, self.G), self.local_splits(rows), f"px_la_group_local_{tag}")[0]
+
+        return gather_summed(grads, self.W, gather)[0]
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from ...types import Collective, Kind, Method
 from ..accounting import allgather_bytes
-from ..grouped_rows import by_variable, one_table, owners, with_ids, without_ids
+from ..grouped_rows import gather_summed, owners
 from ..tensor_ops import deduplicate, op_tag
 from .base import Exchange
 
@@ -64,20 +64,17 @@ class SparseAllgather(Exchange):
     def _allgather_group(self, syncs: list, grads: list[tf.IndexedSlices], tag: str) -> list[tf.IndexedSlices]:
         """One allgather over all W ranks of ``grads`` as one table's rows with their ids."""
         wire = self.wire
-        W = wire.ranks
-        table = one_table(grads)
-        packed = with_ids(table.values, table.ids)
-        gathered = wire.hvd.allgather(packed, name=f"px_ar_rows_{tag}", ignore_name_scope=True)
-        values, ids = without_ids(gathered, table.values)
-        row_bytes = tf.cast(tf.shape(packed)[1], tf.float64) * packed.dtype.size
+        summed, ids, table = gather_summed(
+            grads, wire.ranks, lambda packed: wire.hvd.allgather(packed, name=f"px_ar_rows_{tag}", ignore_name_scope=True))
+        values = grads[0].values   # a row: its values and its 8-byte id
+        row_bytes = tf.cast(tf.reduce_prod(tf.shape(values)[1:]), tf.float64) * values.dtype.size + 8.0
         everyone = tf.math.bincount(owners(ids, table.offsets), minlength=len(grads), maxlength=len(grads),
                                     dtype=tf.int64)
         for k, (sync, grad) in enumerate(zip(syncs, grads)):
             own = tf.cast(tf.shape(grad.indices)[0], tf.float64) * row_bytes
-            sent, received = allgather_bytes(own, tf.cast(everyone[k], tf.float64) * row_bytes, W)
+            sent, received = allgather_bytes(own, tf.cast(everyone[k], tf.float64) * row_bytes, wire.ranks)
             wire.ledger.add(sync.name, sent * wire.remote_share, received * wire.remote_share)
-        union = deduplicate(tf.IndexedSlices(values / W, ids, table.dense_shape))
-        return by_variable(union.values, union.indices, table.offsets, grads)
+        return summed
 
     def _machine_group(self, syncs: list, grads: list[tf.IndexedSlices], tag: str) -> list[tf.IndexedSlices]:
         """Local aggregation on one machine: one gather inside it
