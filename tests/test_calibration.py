@@ -357,12 +357,13 @@ def test_cli_refuses_bad_input_before_anything_starts(capsys, tmp_path, argv, wo
     assert not out.exists()
 
 
-@pytest.mark.parametrize("step_s, steps", [(0.004, (100, 200)), (0.15, (5, 5))])
+@pytest.mark.parametrize("step_s, steps", [(0.004, (50, 125)), (0.15, (5, 5))])
 def test_compute_is_timed_for_half_a_second_unless_five_steps_take_longer(step_s, steps):
     """The rank side's compute timing (``runtime.calibrate._timed_steps``): short steps are
     timed until they have lasted COMPUTE_MIN_S (5 steps of a 1 ms step read 15-40 % long), long
-    ones 5 times. ``step`` sleeps; ``hvd`` answers only the rank numbers (no launch here); the
-    batches are taken again in turn."""
+    ones 5 times. ``step`` sleeps; ``hvd`` answers only the rank numbers (no launch here); every
+    timed step takes the next batch, and the taking is timed with it."""
+    import itertools
     import time
     from types import SimpleNamespace
 
@@ -375,11 +376,17 @@ def test_compute_is_timed_for_half_a_second_unless_five_steps_take_longer(step_s
         time.sleep(step_s)
         return 0.0
 
-    job = SimpleNamespace(dataset=lambda rank, ranks: iter([(i, i) for i in range(100)]))
+    def batches():
+        for i in itertools.count():
+            time.sleep(step_s / 2)   # a batch that takes half a step to make
+            yield i, i
+
+    job = SimpleNamespace(dataset=lambda rank, ranks: batches())
     hvd = SimpleNamespace(rank=lambda: 0, size=lambda: 1, local_rank=lambda: 0, local_size=lambda: 1)
     times, link = rank_side._timed_steps(step, job, hvd, lambda tag: None, 2, rank_side.COMPUTE_STEPS, None, "t")
     assert link is None
     assert steps[0] <= len(times) <= steps[1], len(times)
     assert sum(times) >= rank_side.COMPUTE_MIN_S or len(times) == rank_side.COMPUTE_MAX_STEPS
     assert sum(times[:-1]) < rank_side.COMPUTE_MIN_S or len(times) == rank_side.COMPUTE_STEPS
-    assert seen[:2] == [0, 1] and set(seen[2:]) == {2, 3, 4, 5, 6}   # 2 untimed, then 5 batches in turn
+    assert seen == list(range(2 + len(times)))   # 2 untimed, then a new batch for every timed step
+    assert min(times) >= 1.5 * step_s   # the batch's making counted with its step

@@ -18,7 +18,10 @@ In order, identical on every rank:
    batch, all ranks at once after a barrier, so ranks that share cores or a device slow each
    other as they will in the run. ``warmup_steps`` untimed (the first traces), then at least
    ``compute_steps`` timed, and as many more as fill :data:`COMPUTE_MIN_S` (at most
-   :data:`COMPUTE_MAX_STEPS`); each rank reports its median. The routing matters: Keras's own
+   :data:`COMPUTE_MAX_STEPS`); each rank reports its median. A timed step includes taking its
+   batch from the job's data, as a training loop pays it every step (the recommender's batch
+   of 64 took 0.25-0.30 ms on one rank, a step of 0.73-0.99 ms timed on batches taken before,
+   2026-11-30; until then the batches were taken before the timing). The routing matters: Keras's own
    ``Embedding`` reads the whole table (``ReadVariableOp``) and gathers from the copy; once the
    optimizer has written rows of that table (a sparse update), TensorFlow keeps the variable
    in copy-on-read mode and every such read copies the whole table (measured: 13.8 ms per
@@ -97,7 +100,7 @@ REPEATS = 7
 IDLE_S = 2.0
 WARMUP_STEPS = 2
 COMPUTE_STEPS = 5
-#: the compute is timed for at least this long (the batches taken again), at most
+#: the compute is timed for at least this long, at most
 #: :data:`COMPUTE_MAX_STEPS` steps: the first steps after the ranks' barrier run slower (a
 #: 1 ms recommender step read 1.2-1.4 ms over 5 steps, 1.02-1.03 ms over 100 and in the run)
 COMPUTE_MIN_S = 0.5
@@ -235,9 +238,9 @@ def _program_steps(job, baseline: str | None, hvd, barrier, warmup_steps: int, c
 def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int, interface: str | None,
                  tag: str) -> tuple[list[float], dict | None]:
     """Seconds of each timed step of ``step`` on this rank's shard, every rank at once after a
-    barrier (``warmup_steps`` untimed first), and the link read around them: ``compute_steps``
-    batches, taken again in turn until the steps have lasted :data:`COMPUTE_MIN_S` (at most
-    :data:`COMPUTE_MAX_STEPS` steps, at least ``compute_steps``)."""
+    barrier (``warmup_steps`` untimed first), each with the taking of its batch from the job's
+    data, and the link read around them: at least ``compute_steps`` steps, and as many more as
+    last :data:`COMPUTE_MIN_S` (at most :data:`COMPUTE_MAX_STEPS`)."""
     from ..failures import report_progress
 
     report_progress(f"timing the job's compute ({tag}: tracing, warm-up, timed steps)")
@@ -245,13 +248,12 @@ def _timed_steps(step, job, hvd, barrier, warmup_steps: int, compute_steps: int,
     for _ in range(warmup_steps):
         x, y = next(batches)
         float(step(x, y))
-    timed = [next(batches) for _ in range(compute_steps)]
     barrier(tag)
     link = _LinkReading(hvd, interface)
     times, elapsed = [], 0.0
     while len(times) < compute_steps or (elapsed < COMPUTE_MIN_S and len(times) < COMPUTE_MAX_STEPS):
-        x, y = timed[len(times) % len(timed)]
         start = time.perf_counter()
+        x, y = next(batches)   # as a training loop takes it (module docstring, step 2)
         float(step(x, y))
         times.append(time.perf_counter() - start)
         elapsed += times[-1]
