@@ -48,7 +48,7 @@ def with_ids(values: tf.Tensor, ids: tf.Tensor) -> tf.Tensor:
 
 def without_ids(packed: tf.Tensor, like: tf.Tensor) -> tuple:
     """:func:`with_ids` reversed: (values shaped as ``like``'s rows, int64 ids)."""
-    id_elements = 8 // like.dtype.size
+    id_elements = tf.int64.size // like.dtype.size
     values = tf.reshape(packed[:, :-id_elements], tf.concat([[-1], tf.shape(like)[1:]], 0))
     bits = packed[:, -id_elements:]
     ids = tf.bitcast(bits if id_elements > 1 else bits[:, 0], tf.int64)

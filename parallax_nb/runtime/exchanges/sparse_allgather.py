@@ -66,8 +66,8 @@ class SparseAllgather(Exchange):
         wire = self.wire
         summed, ids, table = gather_summed(
             grads, wire.ranks, lambda packed: wire.hvd.allgather(packed, name=f"px_ar_rows_{tag}", ignore_name_scope=True))
-        values = grads[0].values   # a row: its values and its 8-byte id
-        row_bytes = tf.cast(tf.reduce_prod(tf.shape(values)[1:]), tf.float64) * values.dtype.size + 8.0
+        values = grads[0].values   # a row: its values and its int64 id
+        row_bytes = tf.cast(tf.reduce_prod(tf.shape(values)[1:]), tf.float64) * values.dtype.size + tf.int64.size
         everyone = tf.math.bincount(owners(ids, table.offsets), minlength=len(grads), maxlength=len(grads),
                                     dtype=tf.int64)
         for k, (sync, grad) in enumerate(zip(syncs, grads)):
