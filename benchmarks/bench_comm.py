@@ -13,8 +13,9 @@ sockets), and then on emulated networks (``--network 2x2@1Gbit/s 2x2@100Mbit/s 4
 by default: machines x workers, shaped links; see :mod:`parallax_nb.netem`). ``lm_tiny`` is
 the tiny LM, where the runtime's own per-step cost shows.
 
-Figures per configuration (medians over ``--repeats`` windows of ``--steps`` steps after
-``--warmup`` steps): steps/s, examples/s, bytes per rank per step three ways (the runtime's
+Figures per configuration (medians over ``--repeats`` windows of at least ``--steps`` steps
+after at least ``--warmup`` steps; a configuration whose estimated step is short gets as many
+as last ``--window-s`` and ``--warmup-s``, :func:`sized_schedule`): steps/s, examples/s, bytes per rank per step three ways (the runtime's
 accounting, the kernel's counters of the namespaces, the cost model's prediction from a
 single-device profile), the share of the accounted bytes that belongs to sparse variables.
 Ratios: HYBRID against plain Horovod, sparse_as_dense and PS; measured against predicted.
@@ -58,6 +59,8 @@ HOROVOD_CONFIGS = {"horovod": False, "sparse_as_dense": True}
 # a CNN step is ~20x shorter than an LM step: its timed windows get more steps, so that each
 # lasts about a second and the median is not at the mercy of one scheduler hiccup
 WINDOW_SCALE = {"cnn": 6}
+# the most warm-up or window steps :func:`sized_schedule` gives a configuration
+MAX_SIZED_STEPS = 1000
 ARCHITECTURES = ("ar", "ps", "hybrid", "auto")
 ALL_CONFIGS = (*HOROVOD_CONFIGS, *ARCHITECTURES)
 
@@ -280,14 +283,44 @@ def predictions(profile: Profile, spec: ClusterSpec) -> dict:
     return out
 
 
+def estimated_steps(profile: Profile, spec: ClusterSpec, calibration=None) -> dict[str, float]:
+    """Each configuration's estimated step time in seconds on ``spec`` (uncalibrated without
+    ``calibration``): what :func:`sized_schedule` sizes its windows by."""
+    from parallax_nb.cost import PLAIN_HOROVOD, SPARSE_AS_DENSE, compare_architectures
+
+    est = compare_architectures(profile, spec, include_horovod=True, calibration=calibration)
+    out = {arch: est[arch].step_time_s for arch in ARCHITECTURES}
+    out["horovod"] = est[PLAIN_HOROVOD].step_time_s
+    out["sparse_as_dense"] = est[SPARSE_AS_DENSE].step_time_s
+    return out
+
+
+def sized_schedule(step_s: float | None, args, warmup: int, steps: int) -> dict:
+    """One configuration's warm-up and window steps: as many as last about ``--warmup-s`` and
+    ``--window-s`` at ``step_s`` a step (its estimate), never fewer than ``warmup`` and
+    ``steps`` nor more than :data:`MAX_SIZED_STEPS`; {} (the common schedule) without an
+    estimate or with ``--window-s 0``. A window of a few short steps is mostly the scheduler's
+    noise: the recommender's windows of 5 steps (15-50 ms) read up to 1.6x apart within one
+    invocation (benchmarks/README.md)."""
+    import math
+
+    if not step_s or step_s <= 0 or not math.isfinite(step_s) or not args.window_s:
+        return {}
+    def sized(seconds, least):
+        return max(least, min(MAX_SIZED_STEPS, math.ceil(seconds / step_s)))
+    return {"warmup_steps": sized(args.warmup_s, warmup), "steps_per_repeat": sized(args.window_s, steps)}
+
+
 def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, configs: list[str], machines: int,
                 workers: int, bandwidth: str | None, args, workdir: str, calibration=None,
-                plan_cluster: ClusterSpec | None = None) -> dict:
+                plan_cluster: ClusterSpec | None = None, step_estimates: dict | None = None) -> dict:
     """Plan, then run ``configs`` on ``machines`` x ``workers`` ranks. parallax plans for
     ``plan_cluster`` when given (on loopback, one machine of every rank: the runtime takes the
     plan's cluster on one host), else for the emulated machines with local aggregation (the
     runtime finds the namespaces' machines itself), else on loopback for a machine per rank;
-    plain Horovod has no local aggregation."""
+    plain Horovod has no local aggregation. Each configuration's windows last about
+    ``--window-s`` at its step time in ``step_estimates`` (seconds by configuration), else at
+    the cost model's uncalibrated estimate (:func:`sized_schedule`)."""
     ranks = machines * workers
     per_rank = ClusterSpec.create(machines=ranks, workers_per_machine=1, bandwidth=bandwidth or "100Gbit/s")
     plan_spec = plan_cluster or (per_rank if bandwidth is None else
@@ -296,21 +329,25 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     tag = f"{workload_name}-{name}-{bandwidth or 'lo'}".replace("/", "").replace(" ", "")
     plans = write_plans(profile, plan_spec, workdir, tag, calibration)
     same_as = duplicates(profile, plans, configs)
+    steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)
+    if step_estimates is None:
+        step_estimates = estimated_steps(profile, plan_spec)
     config_list = []
     for c in configs:
         if c in same_as:
             continue
         if c in HOROVOD_CONFIGS:
             config_list.append({"name": c, "kind": "horovod", "sparse_as_dense": HOROVOD_CONFIGS[c]})
-            if HOROVOD_CONFIGS[c] and args.sad_steps:
-                config_list[-1]["schedule"] = {"warmup_steps": 1, "steps_per_repeat": args.sad_steps}
         else:
             config_list.append({"name": c, "kind": "parallax", "plan": plans[c]})
+        if HOROVOD_CONFIGS.get(c) and args.sad_steps:
+            config_list[-1]["schedule"] = {"warmup_steps": 1, "steps_per_repeat": args.sad_steps}
+        else:
+            config_list[-1]["schedule"] = sized_schedule(step_estimates.get(c), args, args.warmup, steps)
     network = (f"{machines}x{workers}@{bandwidth}" if bandwidth is not None else
                "loopback, one machine" if plan_cluster is not None and plan_cluster.machines == 1 else "loopback")
     print(f"== {spec['workload']}: {ranks} ranks, {network}", flush=True)
     start = time.monotonic()
-    steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)
     results = launch({**spec, "warmup_steps": args.warmup, "repeats": args.repeats, "steps_per_repeat": steps,
                       "bind_cores": args.bind_cores, "interleave": args.interleave,
                       # bench_predict: each configuration's compute timed in its launch (worker.launch_compute)
@@ -334,7 +371,12 @@ def add_launch_options(parser, warmup: int, steps: int) -> None:
     parser.add_argument("--warmup", type=int, default=warmup,
                         help="untimed steps before the windows (as Horovod's own synthetic benchmarks: "
                              "a configuration's first steps run slower while its allocations settle)")
-    parser.add_argument("--steps", type=int, default=steps, help="steps per timed window")
+    parser.add_argument("--steps", type=int, default=steps, help="steps per timed window (at least)")
+    parser.add_argument("--window-s", type=float, default=1.0,
+                        help="seconds a timed window should last: a configuration whose estimated step is "
+                             "short gets more steps than --steps (at most %d; 0: --steps alone)" % MAX_SIZED_STEPS)
+    parser.add_argument("--warmup-s", type=float, default=0.5,
+                        help="seconds the warm-up should last, the same way (at least --warmup steps)")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows (the median is reported)")
     parser.add_argument("--sad-steps", type=int, default=2,
                         help="steps per window (after 1 warm-up step) for sparse_as_dense, whose densified "
@@ -398,7 +440,8 @@ def main(argv=None) -> int:
     doc = {"schema": "parallax_nb.bench_comm", "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]]),
            "machine": report.machine_description(), "python": platform.python_version(),
            "wall_s": time.monotonic() - started, "quick": args.quick,
-           "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
+           "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
+                        "warmup_s": args.warmup_s, "window_s": args.window_s},
            "bind_cores": args.bind_cores, "interleave": args.interleave,
            "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads},
            "settings": settings}

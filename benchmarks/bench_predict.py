@@ -13,7 +13,9 @@ For each setting (workload x network), in one invocation:
    otherwise it uses the documented defaults and every row says "uncalibrated";
 2. **run** every configuration (:mod:`bench_comm`'s launch: the ranks in network namespaces,
    :mod:`worker` on every rank, :mod:`counters` for the links);
-3. **print** predicted against measured step time (median over the timed windows), predicted
+3. **print** predicted against measured step time (median over the timed windows; each
+   configuration's windows last about ``--window-s`` at its predicted pace, its warm-up
+   ``--warmup-s``: :func:`bench_comm.sized_schedule`), predicted
    against measured link bytes per machine (on loopback, where there is no link: bytes per
    rank through ``lo``, against the payload framed and each call's bytes priced as a
    calibration read them on that ``lo``, or the payload alone without one), and whether AUTO's
@@ -346,7 +348,9 @@ def run_one(args, name: str, spec: dict, profile, network: str, workdir: str) ->
         print(f"   NOTE: {drift}", flush=True)
     run = bench_comm.run_setting(f"predict-{network}".replace("@", "-").replace("/", ""), name, spec, profile,
                                  args.configs, machines, workers, bandwidth, args, workdir, calibration,
-                                 plan_cluster=model_cluster(setting))   # plans for the cluster predicted
+                                 plan_cluster=model_cluster(setting),   # plans for the cluster predicted
+                                 # each configuration's windows sized by its own prediction
+                                 step_estimates={c: p["step_time_s"] for c, p in prediction.items()})
     comparison = compare_setting(prediction, run, None if one_machine else bandwidth is not None,
                                  launch_compute_rows(profile, setting, run, calibration))
     return {"workload": name, "network": network, "calibration": how, "calibration_warning": mismatch,
@@ -405,7 +409,8 @@ def main(argv=None) -> int:
                 "finished_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "command": " ".join(["benchmarks/bench_predict.py", *(argv if argv is not None else sys.argv[1:])]),
                 "machine": report.machine_description(), "wall_s": time.monotonic() - started, "quick": args.quick,
-                "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats},
+                "schedule": {"warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
+                             "warmup_s": args.warmup_s, "window_s": args.window_s},
                 "workloads": {w: (QUICK if args.quick else WORKLOADS)[w] for w in args.workloads},
                 "settings_planned": planned, "complete": len(settings) == planned, "settings": settings}
 
@@ -429,8 +434,10 @@ def main(argv=None) -> int:
         schedule = doc["schedule"]
         atomic_write_text(args.markdown, f"`{doc['command']}` on {doc['machine']}, {doc['finished_utc']}, "
                                          f"{doc['wall_s']:.0f} s; measured step time = median over "
-                                         f"{schedule['repeats']} windows of {schedule['steps']} steps after "
-                                         f"{schedule['warmup']} warm-up steps\n\n{table}\n")
+                                         f"{schedule['repeats']} windows of at least {schedule['steps']} steps "
+                                         f"and about {schedule['window_s']:g} s at the predicted pace, after "
+                                         f"at least {schedule['warmup']} warm-up steps and "
+                                         f"{schedule['warmup_s']:g} s\n\n{table}\n")
         print(f"wrote {args.markdown}")
     return 0
 

@@ -183,11 +183,11 @@ def render_setting(setting: dict) -> str:
         if setting["bandwidth"]:
             line += f" | {_mb(r['link']):>12} {_mb(r['link_predicted'])}"
         lines.append(line)
-    for name, config in setting["configs"].items():
-        sched = config.get("schedule")
-        if sched and not config.get("same_as"):
-            lines.append(f"  {NAMES.get(name, name)}: {sched['warmup_steps']} warm-up step(s), "
-                         f"{sched['repeats']} windows x {sched['steps_per_repeat']} steps") if name == "sparse_as_dense" else None
+    steps = [f"{NAMES.get(name, name)} {c['schedule']['warmup_steps']} + {c['schedule']['repeats']} x "
+             f"{c['schedule']['steps_per_repeat']}" for name, c in setting["configs"].items()
+             if c.get("schedule") and "error" not in c and not c.get("same_as")]
+    if steps:
+        lines.append("  steps (warm-up + windows x steps): " + ", ".join(steps))
     settle = [(name, settling(c)) for name, c in setting["configs"].items()
               if "error" not in c and not c.get("same_as")]
     settle = [(n, x) for n, x in settle if x == x]
@@ -231,8 +231,11 @@ def scaling_lines(settings: list[dict]) -> list[str]:
 
 
 def render(doc: dict) -> str:
-    out = [f"bench_comm on {doc['machine']}; schedule: {doc['schedule']['warmup']} warm-up steps, "
-           f"median of {doc['schedule']['repeats']} windows x {doc['schedule']['steps']} steps; "
+    sched = doc["schedule"]
+    sized = (f" (and as many as last {sched['warmup_s']:g} s and {sched['window_s']:g} s at the estimated pace)"
+             if sched.get("window_s") else "")
+    out = [f"bench_comm on {doc['machine']}; schedule: at least {sched['warmup']} warm-up steps, "
+           f"median of {sched['repeats']} windows of at least {sched['steps']} steps{sized}; "
            f"total wall {doc['wall_s'] / 60:.1f} min", f"command: {doc['command']}", ""]
     for s in doc["settings"]:
         out += [render_setting(s), ""]

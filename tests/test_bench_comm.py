@@ -354,3 +354,46 @@ def test_call_overlap_reads_a_chain_per_call_and_what_a_fan_adds_per_call():
     k, fan, chain, per_call, beside = four
     assert (k, fan, chain) == (4, 0.32, 0.90)
     assert per_call == pytest.approx(0.225) and beside == pytest.approx((0.32 - 0.21) / 3)
+
+
+def test_each_configuration_times_windows_of_about_a_second_at_its_estimated_pace(monkeypatch):
+    """A window of 5 steps of 3 ms is mostly the scheduler's noise: each configuration gets as
+    many warm-up and window steps as last ``--warmup-s`` and ``--window-s`` at its estimated
+    step, never fewer than ``--warmup`` and ``--steps`` (a CNN's window scale included) nor
+    more than the cap; sparse_as_dense keeps its own short schedule, and ``--window-s 0`` the
+    common one."""
+    import types
+
+    import bench_predict
+
+    args = bench_predict.make_parser().parse_args(["--warmup", "5", "--steps", "5"])
+    assert (args.window_s, args.warmup_s) == (1.0, 0.5)
+    assert bench_comm.sized_schedule(0.004, args, 5, 5) == {"warmup_steps": 125, "steps_per_repeat": 250}
+    assert bench_comm.sized_schedule(0.300, args, 5, 5) == {"warmup_steps": 5, "steps_per_repeat": 5}
+    assert bench_comm.sized_schedule(1e-6, args, 5, 5) == {"warmup_steps": bench_comm.MAX_SIZED_STEPS,
+                                                           "steps_per_repeat": bench_comm.MAX_SIZED_STEPS}
+    for unknown in (None, 0.0, float("nan")):
+        assert bench_comm.sized_schedule(unknown, args, 5, 5) == {}
+
+    launched = []
+    monkeypatch.setattr(bench_comm, "write_plans", lambda profile, spec, workdir, tag, calibration=None:
+                        {c: f"{c}.json" for c in bench_comm.ARCHITECTURES})
+    monkeypatch.setattr(bench_comm, "duplicates", lambda profile, plans, configs: {"auto": "ar"})
+    monkeypatch.setattr(bench_comm, "predictions", lambda profile, spec: {})
+    monkeypatch.setattr(bench_comm, "launch", lambda spec, configs, *rest: launched.append((spec, configs)) or {})
+    estimates = {"ar": 0.002, "auto": 0.002, "hybrid": 0.040, "horovod": 0.010, "sparse_as_dense": 0.5}
+    profile = types.SimpleNamespace(variables=[])
+    bench_comm.run_setting("t", "cnn", {"workload": "cnn"}, profile, ["ar", "auto", "hybrid", "horovod", "sparse_as_dense"],
+                           1, 2, None, args, "/nonexistent", step_estimates=estimates)
+    spec, configs = launched[-1]
+    schedules = {c["name"]: c["schedule"] for c in configs}
+    assert spec["steps_per_repeat"] == 30 and spec["warmup_steps"] == 5   # the CNN's window scale
+    assert schedules == {"ar": {"warmup_steps": 250, "steps_per_repeat": 500},
+                         "hybrid": {"warmup_steps": 13, "steps_per_repeat": 30},   # 25 steps last 1 s: the CNN's 30
+                         "horovod": {"warmup_steps": 50, "steps_per_repeat": 100},
+                         "sparse_as_dense": {"warmup_steps": 1, "steps_per_repeat": args.sad_steps}}
+
+    args.window_s = 0
+    bench_comm.run_setting("t", "cnn", {"workload": "cnn"}, profile, ["ar", "horovod"], 1, 2, None, args, "/nonexistent",
+                           step_estimates=estimates)
+    assert [c["schedule"] for c in launched[-1][1]] == [{}, {}]
