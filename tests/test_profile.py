@@ -130,6 +130,32 @@ def test_step_time_memory_environment(lm):
     assert env["profiled_batches"] == f"{WARMUP}..{WARMUP + STEPS - 1} of job.dataset(0, 1)"
 
 
+def test_the_step_time_counts_taking_each_batch_from_the_data():
+    """A training loop takes every step's batch from the job's data: the profile's step time
+    counts it, as the calibration's compute does. Here each example takes 5 ms to make (40 ms a
+    batch of 8), far longer than the tiny LM's step itself."""
+    import time
+
+    import tensorflow as tf
+
+    base = lm_job("tiny")
+
+    def wait(y):
+        time.sleep(0.005)
+        return y
+
+    def slow(x, y):
+        made = tf.py_function(wait, [y], y.dtype)
+        made.set_shape(y.shape)
+        return x, made
+
+    prof = _profile(base.replace(data=lambda: base.examples(0, 1).map(slow)), steps=3, warmup=1)
+    take = prof.environment["batch_take_s"]
+    assert take >= 0.03, take
+    assert prof.step_time_s > take, (prof.step_time_s, take)   # the step itself besides
+    assert "take a batch" in prof.environment["step_time_measure"]
+
+
 def test_json_round_trip(lm, tmp_path):
     _, prof = lm
     path = tmp_path / "profile.json"

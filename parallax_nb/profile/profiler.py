@@ -147,20 +147,27 @@ def _make_rows_at_this_state(job: Job, model, variables, names, sparse_names, ex
 
 
 class _Batches:
-    """The job's batches in order, with a look-ahead: ``ahead(n)`` peeks at the next n."""
+    """The job's batches in order, with a look-ahead: ``ahead(n)`` peeks at the next n.
+    ``next`` also says how long taking that batch from the data took (None for the first,
+    taken before the trace)."""
 
     def __init__(self, iterator, job: Job, first):
-        self.iterator, self.job, self.buffer = iterator, job, [first]
+        self.iterator, self.job, self.buffer = iterator, job, [(first, None)]
 
-    def next(self, step: int):
+    def _take(self, step: int) -> None:
+        start = time.perf_counter()
+        batch = _next_batch(self.iterator, step, self.job)
+        self.buffer.append((batch, time.perf_counter() - start))
+
+    def next(self, step: int) -> tuple:
         if not self.buffer:
-            self.buffer.append(_next_batch(self.iterator, step, self.job))
+            self._take(step)
         return self.buffer.pop(0)
 
     def ahead(self, n: int, step: int) -> list:
         while len(self.buffer) < n:
-            self.buffer.append(_next_batch(self.iterator, step, self.job))
-        return self.buffer[:n]
+            self._take(step)
+        return [batch for batch, _ in self.buffer[:n]]
 
 
 def _next_batch(iterator, step: int, job: Job):
@@ -187,7 +194,8 @@ def _environment(memory_method: str, warmup: int, steps: int, steps_wall_s: floa
         "python": platform.python_version(),
         "device": placement.label if placement.gpu else f"CPU ({platform.processor() or platform.machine()})",
         "memory_measure": memory_method,
-        "step_time_measure": "median wall time of the profiled steps (train step + unique sparse ids to host)",
+        "step_time_measure": "median wall time of the profiled steps (train step + unique sparse ids to host) "
+                             "+ median time to take a batch from the job's data",
         "warmup_steps": warmup,
         "profiled_batches": f"{warmup}..{warmup + steps - 1} of job.dataset(0, 1)",
         "profiled_steps_wall_s": steps_wall_s,
@@ -226,6 +234,7 @@ class _Recording:
     windows: dict = field(default_factory=dict)           # name -> per step: [own rows, next batches' rows at its state]
     shared: _SharedLookups = field(default_factory=_SharedLookups)   # lookups made together
     step_times_s: list = field(default_factory=list)
+    batch_take_s: list = field(default_factory=list)      # taking each profiled step's batch from the data
     steps_cpu_s: float = 0.0                              # process CPU time of the profiled steps
     window_rows_wall_s: float = 0.0                       # the untimed passes of the windows, their trace included
 
@@ -273,7 +282,7 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
     for step in range(warmup + steps):
         progress.phase("profile", f"warm-up step {step + 1} of {warmup}" if step < warmup else
                        f"step {step - warmup + 1} of {steps}", done=step, total=warmup + steps)
-        x, y = batches.next(step)
+        (x, y), take_s = batches.next(step)
         checks.check_no_negative_ids(x, step)
         others = []
         if rows_at_this_state is not None and step >= warmup:
@@ -312,6 +321,8 @@ def _run_steps(job: Job, model, optimizer, iterator, first, steps: int, warmup: 
             raise ProfileError(f"the loss of job {job.name!r} is {loss_value} at step {step}",
                                hint="lower the learning rate or check the loss function and the labels")
         rec.step_times_s.append(elapsed)
+        if take_s is not None:
+            rec.batch_take_s.append(take_s)
         rec.steps_cpu_s += cpu
         for name, (ids, count) in touched.items():
             rec.unique_rows.setdefault(name, []).append(ids)
@@ -329,7 +340,8 @@ def profile_job(job: Job, steps: int = 20, warmup: int = 2, max_workers: int = M
 
     Returns a :class:`parallax_nb.types.Profile` (one :class:`VariableProfile` per trainable
     variable, named by its Keras ``path``; statistics as defined in :mod:`.stats`), the median
-    step time in seconds and the peak memory growth in bytes (``environment["memory_measure"]``
+    step time in seconds (the train step, plus the median time to take a batch from the job's
+    data, as every training loop pays it) and the peak memory growth in bytes (``environment["memory_measure"]``
     says which meter). Raises :class:`JobError`/:class:`ProfileError` naming the problem for a
     model builder that returns no Keras model, a model without trainable variables, data that
     is not ``(x, y)`` pairs or does not fit the model, ids outside an embedding's rows, and
@@ -379,6 +391,10 @@ def _profile(job: Job, steps: int, warmup: int, max_workers: int) -> Profile:
     environment["profiled_steps_cpu_s"] = rec.steps_cpu_s
     environment["window_rows_wall_s"] = rec.window_rows_wall_s
     environment["statistics_wall_s"] = time.perf_counter() - stats_start
+    # a training loop takes every step's batch from the data: the step time counts it, as the
+    # calibration's compute does (parallax_nb.runtime.calibrate)
+    take_s = float(np.median(rec.batch_take_s)) if rec.batch_take_s else 0.0
+    environment["batch_take_s"] = take_s
     return Profile(model_name=job.name, batch_size=job.batch_size, steps=steps,
-                   step_time_s=float(np.median(rec.step_times_s)), peak_memory_bytes=meter.peak_bytes,
+                   step_time_s=float(np.median(rec.step_times_s)) + take_s, peak_memory_bytes=meter.peak_bytes,
                    variables=tuple(profiles), environment=environment)

@@ -162,14 +162,16 @@ def _cluster_and_assumptions(data: dict) -> str:
 
 
 def _environment_value(key: str, value) -> str:
-    """Environment facts for people (the JSON keeps them as text): seconds with 3 digits and a
-    unit, an empty list as "none"."""
+    """Environment facts for people (the JSON keeps them as text): seconds with 3 digits in
+    s, ms or µs, an empty list as "none"."""
+    from ..cost.timing import duration
+
     text = str(value).strip()
     if text in ("", "[]", "None", "()"):
         return "none"
     if key.endswith("_s"):
         try:
-            return f"{float(text):.3g} s"
+            return duration(float(text))
         except ValueError:
             return text
     return text.strip("[]").replace("'", "") if text.startswith("[") else text
