@@ -155,11 +155,22 @@ def render(summary: dict, docs: list[dict]) -> str:
 
 
 def main(paths: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("paths", nargs="*", metavar="JSON", help="bench_predict --json files, one per invocation")
+    paths = parser.parse_args(paths).paths
     docs = []
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
-        if doc.get("schema") != "parallax_nb.bench_predict":
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"predict_repeats: cannot read {path} as a bench_predict JSON: {e}", file=sys.stderr)
+            return 2
+        if not isinstance(doc, dict) or doc.get("schema") != "parallax_nb.bench_predict":
+            doc = doc if isinstance(doc, dict) else {}
             print(f"predict_repeats: {path} is not a bench_predict JSON (schema {doc.get('schema')!r})",
                   file=sys.stderr)
             return 2

@@ -397,3 +397,18 @@ def test_each_configuration_times_windows_of_about_a_second_at_its_estimated_pac
     bench_comm.run_setting("t", "cnn", {"workload": "cnn"}, profile, ["ar", "horovod"], 1, 2, None, args, "/nonexistent",
                            step_estimates=estimates)
     assert [c["schedule"] for c in launched[-1][1]] == [{}, {}]
+
+
+def test_predict_repeats_names_a_file_it_cannot_read(tmp_path, capsys):
+    """A missing, cut-off or foreign file is named with what is wrong with it, not a traceback."""
+    import predict_repeats
+
+    cut = tmp_path / "cut.json"
+    cut.write_text('{"schema": "parallax_nb.bench_predict", "settings": [')
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    for path, why in ((tmp_path / "missing.json", "No such file"), (cut, "cannot read"),
+                      (listed, "not a bench_predict JSON")):
+        assert predict_repeats.main([str(path)]) == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and why in err, err
