@@ -15,8 +15,8 @@ the tiny LM, where the runtime's own per-step cost shows.
 
 Figures per configuration (medians over ``--repeats`` windows of at least ``--steps`` steps
 after at least ``--warmup`` steps; a configuration whose estimated step is short gets as many
-as last ``--window-s`` and ``--warmup-s``, :func:`sized_schedule`): steps/s, examples/s, bytes per rank per step three ways (the runtime's
-accounting, the kernel's counters of the namespaces, the cost model's prediction from a
+as last ``--window-s`` and ``--warmup-s``, :func:`sized_schedule`): steps/s, examples/s,
+bytes per rank per step three ways (the runtime's accounting, the kernel's counters of the namespaces, the cost model's prediction from a
 single-device profile), the share of the accounted bytes that belongs to sparse variables.
 Ratios: HYBRID against plain Horovod, sparse_as_dense and PS; measured against predicted.
 Targets (issue 8) are marked MET or MISSED.
@@ -300,8 +300,8 @@ def sized_schedule(step_s: float | None, args, warmup: int, steps: int) -> dict:
     ``--window-s`` at ``step_s`` a step (its estimate), never fewer than ``warmup`` and
     ``steps`` nor more than :data:`MAX_SIZED_STEPS`; {} (the common schedule) without an
     estimate or with ``--window-s 0``. A window of a few short steps is mostly the scheduler's
-    noise: the recommender's windows of 5 steps (15-50 ms) read up to 1.6x apart within one
-    invocation (benchmarks/README.md)."""
+    noise: a configuration's three windows of 5 recommender steps (15-50 ms each) read a median
+    of 30 % apart, up to 111 % (benchmarks/README.md, "Windows of a second")."""
     import math
 
     if not step_s or step_s <= 0 or not math.isfinite(step_s) or not args.window_s:

@@ -16,9 +16,8 @@ scope a fit ``t(call) = latency_s + handed_bytes / (bandwidth_bps / 8)``. Per st
   batch from the job's data as a training loop pays it, else the profile's single-device step
   time (the step and the taking of a batch, unshared). The Horovod baselines run the model
   as Keras builds it, whose ``Embedding`` layers copy the whole table on every read once a
-  sparse update wrote it
-  (measured: 38-42 ms against 21-23 ms a step for the benchmarks' LM on one rank): they are
-  charged their own measured compute (:data:`KERAS_BUILT`).
+  sparse update wrote it (measured: 38-42 ms against 21-23 ms a step for the benchmarks' LM
+  on one rank): they are charged their own measured compute (:data:`KERAS_BUILT`).
 * **No overlap**: the calls are charged one after the other and after the compute. Horovod
   runs a step's collectives from one background thread in the order the ranks agree on, and
   parallax_nb's lookups feed the forward pass, so most calls cannot hide behind compute; a
