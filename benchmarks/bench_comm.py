@@ -16,8 +16,8 @@ the tiny LM, where the runtime's own per-step cost shows.
 Figures per configuration (medians over ``--repeats`` windows of at least ``--steps`` steps
 after at least ``--warmup`` steps; a configuration whose estimated step is short gets as many
 as last ``--window-s`` and ``--warmup-s``, :func:`sized_schedule`): steps/s, examples/s,
-bytes per rank per step three ways (the runtime's accounting, the kernel's counters of the namespaces, the cost model's prediction from a
-single-device profile), the share of the accounted bytes that belongs to sparse variables.
+bytes per rank per step three ways (the runtime's accounting, the kernel's counters of the
+namespaces, the cost model's prediction from a single-device profile), the share of the accounted bytes that belongs to sparse variables.
 Ratios: HYBRID against plain Horovod, sparse_as_dense and PS; measured against predicted.
 Targets (issue 8) are marked MET or MISSED.
 
@@ -270,28 +270,22 @@ def duplicates(profile: Profile, plans: dict[str, str], configs: list[str]) -> d
     return out
 
 
-def predictions(profile: Profile, spec: ClusterSpec) -> dict:
-    """Cost-model bytes per participant per step for each configuration (``horovod``: plain
-    Horovod as users run it, its IndexedSlices allgathered among all ranks with their duplicates)."""
+def estimates_by_config(profile: Profile, spec: ClusterSpec) -> dict:
+    """The cost model's uncalibrated estimate of each configuration on ``spec`` (``horovod``:
+    plain Horovod as users run it, its IndexedSlices allgathered among all ranks with their
+    duplicates)."""
     from parallax_nb.cost import PLAIN_HOROVOD, SPARSE_AS_DENSE, compare_architectures
 
     est = compare_architectures(profile, spec, include_horovod=True)
-    out = {arch: est[arch].bytes_per_machine_per_step for arch in ARCHITECTURES}
-    out["horovod"] = est[PLAIN_HOROVOD].bytes_per_machine_per_step
-    out["sparse_as_dense"] = est[SPARSE_AS_DENSE].bytes_per_machine_per_step
+    return {**{arch: est[arch] for arch in ARCHITECTURES}, "horovod": est[PLAIN_HOROVOD],
+            "sparse_as_dense": est[SPARSE_AS_DENSE]}
+
+
+def predictions(profile: Profile, spec: ClusterSpec) -> dict:
+    """Cost-model bytes per participant per step for each configuration."""
+    est = estimates_by_config(profile, spec)
+    out = {c: e.bytes_per_machine_per_step for c, e in est.items()}
     out["sparse"] = {arch: est[arch].sparse_bytes_per_machine_per_step for arch in ARCHITECTURES}
-    return out
-
-
-def estimated_steps(profile: Profile, spec: ClusterSpec, calibration=None) -> dict[str, float]:
-    """Each configuration's estimated step time in seconds on ``spec`` (uncalibrated without
-    ``calibration``): what :func:`sized_schedule` sizes its windows by."""
-    from parallax_nb.cost import PLAIN_HOROVOD, SPARSE_AS_DENSE, compare_architectures
-
-    est = compare_architectures(profile, spec, include_horovod=True, calibration=calibration)
-    out = {arch: est[arch].step_time_s for arch in ARCHITECTURES}
-    out["horovod"] = est[PLAIN_HOROVOD].step_time_s
-    out["sparse_as_dense"] = est[SPARSE_AS_DENSE].step_time_s
     return out
 
 
@@ -331,7 +325,7 @@ def run_setting(name: str, workload_name: str, spec: dict, profile: Profile, con
     same_as = duplicates(profile, plans, configs)
     steps = args.steps * WINDOW_SCALE.get(spec["workload"], 1)
     if step_estimates is None:
-        step_estimates = estimated_steps(profile, plan_spec)
+        step_estimates = {c: e.step_time_s for c, e in estimates_by_config(profile, plan_spec).items()}
     config_list = []
     for c in configs:
         if c in same_as:
