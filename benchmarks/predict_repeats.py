@@ -23,6 +23,13 @@ faster than all of them (the runtime's speed, issue 18).
 Where the rows timed the compute again in their own launch (``bench_predict`` with a
 calibration), the same figures are also given for the error the model makes with that compute:
 what is left once the machine's drift since the calibration is taken out.
+
+Also beside the targets, **how far the host's own speed moved**: every calibration times the
+model's compute at its start and again at its end, the same program on the same ranks about a
+minute apart (``compute_time_s``, ``compute_recheck_time_s``). How far those two readings lie
+apart bounds what any prediction made from one of them can promise on this host: where they
+moved by more than the step target's margin, a step-time error that large is the machine's,
+whatever the model.
 """
 from __future__ import annotations
 
@@ -64,6 +71,30 @@ def auto_verdict(rows: dict) -> dict | None:
     plan_fastest, plan_behind, plan_ok = against({c: t for c, t in times.items() if c not in BASELINE_CONFIGS})
     return {"fastest": fastest, "auto_behind_pct": behind, "ok": ok,
             "plan_fastest": plan_fastest, "plan_auto_behind_pct": plan_behind, "plan_ok": plan_ok}
+
+
+def compute_drifts(docs: list[dict]) -> list[float]:
+    """Per calibration and model, how far its compute's second timing lay from its first, in %
+    of the first (module docstring): ``100 (again / first - 1)``."""
+    out = []
+    for doc in docs:
+        for s in doc["settings"]:
+            figures = s.get("calibration_figures") or {}
+            first, again = figures.get("compute_time_s") or {}, figures.get("compute_recheck_time_s") or {}
+            out += [100.0 * (again[m] / first[m] - 1.0) for m in first if m in again and first[m] > 0]
+    return out
+
+
+def drift_reading(docs: list[dict]) -> list[dict]:
+    """The compute drifts of ``docs``' calibrations as one reading beside the targets (none
+    without a calibration that timed its compute twice)."""
+    drifts = [abs(d) for d in compute_drifts(docs)]
+    if not drifts:
+        return []
+    beyond = sum(1 for d in drifts if d > STEP_MAX_TARGET_PCT)
+    return [{"reading": "the host's speed: each calibration's compute, timed at its start and again at its end",
+             "text": f"{statistics.median(drifts):.1f} % apart on the median, largest {max(drifts):.1f} %, "
+                     f"more than {STEP_MAX_TARGET_PCT:g} % in {beyond} of {len(drifts)} calibrations"}]
 
 
 def readings(docs: list[dict]) -> list[dict]:
@@ -123,7 +154,8 @@ def summarise(docs: list[dict]) -> dict:
                         "text": f"{plan_ok} of {len(plans)}" + (
                             "; plain Horovod's program ran faster in " + ", ".join(behind_baseline)
                             if behind_baseline else "")}] if plans else []
-    return {"invocations": len(docs), "rows": table, "targets": targets, "beside": readings_beside}
+    return {"invocations": len(docs), "rows": table, "targets": targets,
+            "beside": readings_beside + drift_reading(docs)}
 
 
 def _pct(r: dict) -> str:

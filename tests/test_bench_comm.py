@@ -238,6 +238,32 @@ def test_auto_is_judged_against_every_configuration_and_beside_that_against_para
     assert "beside them: AUTO within 5 % of the fastest of parallax_nb's plans" in predict_repeats.render(summary, docs)
 
 
+def test_predict_repeats_says_how_far_each_calibrations_compute_moved_between_its_two_timings():
+    """Beside the targets: per calibration, the compute timed at its start and at its end (the
+    host's own drift); a calibration without the second timing is not counted."""
+    import predict_repeats
+
+    def setting(first_s, again_s):
+        figures = {"compute_time_s": {"lm-small": first_s}}
+        if again_s is not None:
+            figures["compute_recheck_time_s"] = {"lm-small": again_s}
+        return {"workload": "lm", "network": "loop2", "calibration_figures": figures,
+                "comparison": {"rows": {"ar": {"step_time_error_pct": 1.0, "link_error_pct": 0.0}}}}
+
+    docs = [{"schema": "parallax_nb.bench_predict", "machine": "m", "finished_utc": "t", "command": "c", "wall_s": 1.0,
+             "settings": [setting(0.010, 0.014), setting(0.020, None)]},
+            {"schema": "parallax_nb.bench_predict", "machine": "m", "finished_utc": "t", "command": "c", "wall_s": 1.0,
+             "settings": [setting(0.010, 0.009)]}]
+    assert predict_repeats.compute_drifts(docs) == pytest.approx([40.0, -10.0])
+    summary = predict_repeats.summarise(docs)
+    assert summary["beside"] == [{"reading": "the host's speed: each calibration's compute, timed at its start "
+                                             "and again at its end",
+                                  "text": "25.0 % apart on the median, largest 40.0 %, more than 30 % in 1 of 2 "
+                                          "calibrations"}]
+    assert "beside them: the host's speed" in predict_repeats.render(summary, docs)
+    assert predict_repeats.drift_reading([{"settings": [setting(0.010, None)]}]) == []
+
+
 def test_interleaved_rounds_alternate_the_order_and_merge_into_one_summary():
     """``--interleave``: every round runs one window of each configuration, the order reversed
     every other round; a configuration's rounds become one summary whose windows are the
