@@ -27,9 +27,9 @@ what is left once the machine's drift since the calibration is taken out.
 Also beside the targets, **how far the host's own speed moved**: every calibration times the
 model's compute at its start and again at its end, the same program on the same ranks about a
 minute apart (``compute_time_s``, ``compute_recheck_time_s``). How far those two readings lie
-apart bounds what any prediction made from one of them can promise on this host: where they
-moved by more than the step target's margin, a step-time error that large is the machine's,
-whatever the model.
+apart limits what any prediction made from one of them can promise on this host: where they
+moved by more than the step target's margin, a step-time error that large can be the
+machine's alone, whatever the model.
 """
 from __future__ import annotations
 
