@@ -17,7 +17,8 @@ Figures per configuration (medians over ``--repeats`` windows of at least ``--st
 after at least ``--warmup`` steps; a configuration whose estimated step is short gets as many
 as last ``--window-s`` and ``--warmup-s``, :func:`sized_schedule`): steps/s, examples/s,
 bytes per rank per step three ways (the runtime's accounting, the kernel's counters of the
-namespaces, the cost model's prediction from a single-device profile), the share of the accounted bytes that belongs to sparse variables.
+namespaces, the cost model's prediction from a single-device profile), the share of the
+accounted bytes that belongs to sparse variables.
 Ratios: HYBRID against plain Horovod, sparse_as_dense and PS; measured against predicted.
 Targets (issue 8) are marked MET or MISSED.
 
